@@ -1,0 +1,57 @@
+"""`motor` command line: one sub-command per process or tool.
+
+Each sub-command lives in its component package as ``<package>/cli.py`` with two
+functions, ``add_arguments(parser)`` and ``main(args) -> int`` (exit status).
+Components are imported lazily so ``motor --help`` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# sub-command -> (module with add_arguments/main, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("motor.up", "start a whole cluster (controller, node manager(s), coordinator) from one config"),
+    "demo": ("motor.demo", "start the embedded default cluster of simulated engines, run a short bench, print the table"),
+    "coordinator": ("motor.coordinator.cli", "run the OpenAI-compatible gateway (with a controller or standalone with --backend)"),
+    "controller": ("motor.controller.cli", "run the controller: node/instance registry, instance states, live instance table"),
+    "node-manager": ("motor.node_manager.cli", "run one node's manager: launch, supervise, health-check and register engines"),
+    "sim": ("motor.sim.cli", "run a simulated engine speaking vLLM's OpenAI-compatible HTTP API"),
+    "bench": ("motor.bench.cli", "load generator for OpenAI-compatible endpoints (TTFT/TPOT/ITL/E2EL table)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="motor",
+        description="motor: a performance-first manager for LLM inference clusters.",
+    )
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"],
+                        help="log level of this process (default: info)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        mod = importlib.import_module(module)
+        mod.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from motor.logs import setup_logging
+    setup_logging(args.log_level)
+    mod = importlib.import_module(args._module)
+    try:
+        return int(mod.main(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

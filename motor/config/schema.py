@@ -1,0 +1,178 @@
+"""The cluster configuration schema (pydantic v2).
+
+One file describes a whole cluster: the controller's address, the coordinator
+(listen address, deployment mode, routing policy, timeouts, retries) and the
+nodes with their engines. Unknown keys are errors (``extra="forbid"``) so a
+typo never silently falls back to a default; engine-specific options go in
+``engine_config`` and are passed through to the engine as ``--kebab-case`` flags.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Role(str, Enum):
+    """What an instance does in the request path."""
+    UNION = "union"      #: prefill and decode on the same instance
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class EngineKind(str, Enum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    SIM = "sim"
+
+
+class DeploymentMode(str, Enum):
+    """How the coordinator drives a request through instances."""
+    UNION = "union"
+    PD_PREFILL_FIRST = "pd_prefill_first"
+    PD_DECODE_FIRST = "pd_decode_first"
+    PD_BOOTSTRAP = "pd_bootstrap"
+
+
+class PolicyName(str, Enum):
+    ROUND_ROBIN = "round_robin"
+    LEAST_LOAD = "least_load"
+    KV_AFFINITY = "kv_affinity"
+
+
+class RestartPolicy(str, Enum):
+    ALWAYS = "always"
+    ON_FAILURE = "on-failure"
+    NEVER = "never"
+
+
+class ControllerConfig(_Strict):
+    """Where the controller listens and how it judges heartbeats."""
+    host: str = "127.0.0.1"
+    port: int = Field(18500, ge=1, le=65535)
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="how often node managers heartbeat")
+    heartbeat_timeout_s: float = Field(
+        5.0, gt=0, description="no heartbeat for this long -> the node's instances become unhealthy")
+    remove_after_s: float = Field(
+        60.0, gt=0, description="unhealthy for this long without a heartbeat -> instance removed")
+    watch_timeout_s: float = Field(30.0, gt=0, description="longest long-poll hold of GET /v1/instances")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class TimeoutConfig(_Strict):
+    """Upstream timeouts of the coordinator, in seconds. There is no total-duration limit."""
+    connect_s: float = Field(5.0, gt=0, description="TCP connect to an engine")
+    first_token_s: float = Field(600.0, gt=0, description="request sent -> first byte of the answer")
+    idle_s: float = Field(600.0, gt=0, description="longest silence between two chunks of an answer")
+
+
+class RetryConfig(_Strict):
+    """Retries before the first byte reached the client."""
+    max_attempts: int = Field(3, ge=1, le=16, description="attempts in all, the first one included")
+    backoff_s: float = Field(0.02, ge=0, description="sleep before the 2nd attempt; doubles each time")
+
+
+class CoordinatorConfig(_Strict):
+    """The gateway."""
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    mode: DeploymentMode = DeploymentMode.UNION
+    policy: PolicyName = PolicyName.ROUND_ROBIN
+    workers: int = Field(1, ge=1, le=64, description="ingress worker processes")
+    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
+    retries: RetryConfig = Field(default_factory=RetryConfig)
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024,
+                                description="largest accepted request body (bytes)")
+    max_connections_per_endpoint: int = Field(
+        1024, ge=1, description="cap of pooled upstream connections per engine endpoint")
+    health_check_interval_s: float = Field(
+        1.0, gt=0, description="standalone mode: period of the coordinator's own /health probes")
+    health_check_timeout_s: float = Field(2.0, gt=0)
+    health_failures: int = Field(3, ge=1, description="standalone: consecutive failed probes -> endpoint out")
+
+
+class RestartConfig(_Strict):
+    policy: RestartPolicy = RestartPolicy.ALWAYS
+    backoff_initial_s: float = Field(0.5, gt=0)
+    backoff_max_s: float = Field(30.0, gt=0)
+    max_restarts: int = Field(10, ge=0, description="give up after this many restarts in window_s")
+    window_s: float = Field(300.0, gt=0)
+
+
+class EngineConfig(_Strict):
+    """One engine group on a node: ``count`` instances of the same kind and role."""
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    kind: EngineKind = EngineKind.SIM
+    role: Role = Role.UNION
+    model: str = Field(..., min_length=1, description="model path or name given to the engine")
+    served_model_name: str | None = Field(None, description="name clients use; defaults to model")
+    count: int = Field(1, ge=1, le=256, description="instances of this engine")
+    dp_size: int = Field(1, ge=1, le=256, description="data-parallel ranks per instance (one endpoint each)")
+    tp_size: int = Field(1, ge=1, le=256)
+    host: str = "127.0.0.1"
+    base_port: int = Field(18100, ge=1, le=65535,
+                           description="first HTTP port; instance i, DP rank r gets base_port + i*dp_size + r")
+    engine_config: dict[str, Any] = Field(default_factory=dict,
+                                          description="passed through to the engine as --kebab-case flags")
+    env: dict[str, str] = Field(default_factory=dict)
+    launcher: list[str] | None = Field(
+        None, description="command that starts the engine (default per kind)")
+    health_path: str = "/health"
+    health_interval_s: float = Field(0.5, gt=0)
+    health_timeout_s: float = Field(2.0, gt=0)
+    startup_timeout_s: float = Field(600.0, gt=0)
+    stop_timeout_s: float = Field(10.0, gt=0, description="SIGTERM -> this long -> SIGKILL of the group")
+    restart: RestartConfig = Field(default_factory=RestartConfig)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+class NodeConfig(_Strict):
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    host: str = "127.0.0.1"
+    log_dir: str | None = Field(None, description="engine logs (default: a temp dir per run)")
+    engines: list[EngineConfig] = Field(default_factory=list)
+
+    @field_validator("engines")
+    @classmethod
+    def _unique_engine_names(cls, v: list[EngineConfig]) -> list[EngineConfig]:
+        seen: set[str] = set()
+        for e in v:
+            if e.name in seen:
+                raise ValueError(f"engine names must be unique within a node, got {e.name!r} twice")
+            seen.add(e.name)
+        return v
+
+
+class ClusterConfig(_Strict):
+    controller: ControllerConfig = Field(default_factory=ControllerConfig)
+    coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
+    nodes: list[NodeConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ClusterConfig":
+        names = [n.name for n in self.nodes]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"node names must be unique, got {sorted(dup)} more than once")
+        ports: dict[tuple[str, int], str] = {}
+        for n in self.nodes:
+            for e in n.engines:
+                for i in range(e.count * e.dp_size):
+                    key = (e.host, e.base_port + i)
+                    where = f"nodes[{n.name}].engines[{e.name}]"
+                    if key in ports and ports[key] != where:
+                        raise ValueError(
+                            f"port {key[1]} on {key[0]} is used by both {ports[key]} and {where}")
+                    ports[key] = where
+        return self

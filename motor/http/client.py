@@ -1,0 +1,465 @@
+"""Pooled HTTP/1.1 client on asyncio (uvloop) + httptools.
+
+One :class:`Pool` per upstream endpoint (host, port) keeps idle keep-alive
+connections, checks them before reuse, caps how many are open, and opens new
+ones with a connect timeout. :meth:`Pool.request` sends one request and returns
+an :class:`UpstreamResponse` as soon as the status line and headers arrived; its
+body is read chunk by chunk as the engine sends it (never buffered whole), with
+an idle timeout between chunks. Closing a response before its end closes the
+connection, which aborts the request in the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import deque
+from typing import AsyncIterator, Iterable
+
+import httptools
+
+Headers = Iterable[tuple[bytes, bytes]]
+
+_HIGH_WATER = 1 << 20  # pause reading an upstream socket above 1 MiB of unread body
+
+
+class UpstreamTimeout(asyncio.TimeoutError):
+    """An upstream did not answer in time (connect, first byte or idle between chunks)."""
+
+    def __init__(self, phase: str, timeout_s: float) -> None:
+        super().__init__(f"upstream {phase} timeout after {timeout_s:g} s")
+        self.phase = phase
+        self.timeout_s = timeout_s
+
+
+class UpstreamClosed(ConnectionError):
+    """The upstream closed the connection before the answer was complete."""
+
+    def __init__(self, msg: str, *, before_response: bool) -> None:
+        super().__init__(msg)
+        self.before_response = before_response
+
+
+class _Conn(asyncio.Protocol):
+    """One upstream connection; the protocol object is also the response's data source."""
+
+    __slots__ = ("pool", "transport", "parser", "status", "headers", "chunks", "buffered",
+                 "headers_done", "complete", "error", "waiter", "paused", "got_bytes", "closed",
+                 "keep_alive", "timer", "counted_out")
+
+    def __init__(self, pool: "Pool") -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.counted_out = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.headers_done = False
+        self.complete = False
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.paused = False
+        self.got_bytes = False
+        self.keep_alive = True
+        self.timer: asyncio.TimerHandle | None = None
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self.error = UpstreamClosed(f"malformed HTTP response from upstream: {e}",
+                                        before_response=not self.headers_done)
+            self.close()
+            self._wake()
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool._forget(self)
+        if not self.complete and self.error is None:
+            if self.headers_done and not self.parser.should_keep_alive() \
+                    and not self._has_length_or_chunked():
+                # close-delimited body: the close is the end of the message
+                self.complete = True
+            else:
+                self.error = UpstreamClosed(
+                    "upstream closed the connection" + (f": {exc}" if exc else ""),
+                    before_response=not self.got_bytes)
+        self._wake()
+
+    # httptools callbacks
+    def on_status(self, status: bytes) -> None:
+        self.status = self.parser.get_status_code()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.headers_done = True
+        self.keep_alive = bool(self.parser.should_keep_alive())
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    # helpers
+    def _has_length_or_chunked(self) -> bool:
+        for k, v in self.headers:
+            if k == b"content-length" or (k == b"transfer-encoding" and b"chunked" in v.lower()):
+                return True
+        return False
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _on_timeout(self, phase: str, timeout_s: float) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_exception(UpstreamTimeout(phase, timeout_s))
+
+    async def wait(self, timeout_s: float | None, phase: str) -> None:
+        loop = asyncio.get_running_loop()
+        self.waiter = w = loop.create_future()
+        h = loop.call_later(timeout_s, self._on_timeout, phase, timeout_s) if timeout_s else None
+        try:
+            await w
+        finally:
+            self.waiter = None
+            if h is not None:
+                h.cancel()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def reusable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+
+class UpstreamResponse:
+    """An engine's answer: status and headers now, body chunks as they come.
+
+    Use as an async context manager or call :meth:`close` (idempotent); a response
+    read to its end hands its connection back to the pool.
+    """
+
+    __slots__ = ("_conn", "status", "headers", "_idle_timeout_s", "_done")
+
+    def __init__(self, conn: _Conn, idle_timeout_s: float | None) -> None:
+        self._conn = conn
+        self.status = conn.status
+        self.headers = conn.headers
+        self._idle_timeout_s = idle_timeout_s
+        self._done = False
+
+    def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return default
+
+    async def next_chunk(self) -> bytes | None:
+        """Next piece of the (de-chunked) body, or ``None`` at its end.
+
+        Raises
+        ------
+        UpstreamTimeout
+            no byte for ``idle_timeout_s``.
+        UpstreamClosed
+            the connection ended before the body was complete.
+        """
+        c = self._conn
+        while True:
+            if c.chunks:
+                if len(c.chunks) == 1:
+                    data = c.chunks.popleft()
+                else:
+                    data = b"".join(c.chunks)
+                    c.chunks.clear()
+                c.buffered = 0
+                if c.paused and c.transport is not None:
+                    c.paused = False
+                    c.transport.resume_reading()
+                return data
+            if c.complete:
+                self._finish()
+                return None
+            if c.error is not None:
+                self._finish()
+                raise c.error
+            await c.wait(self._idle_timeout_s, "idle")
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._iter()
+
+    async def _iter(self) -> AsyncIterator[bytes]:
+        while True:
+            chunk = await self.next_chunk()
+            if chunk is None:
+                return
+            yield chunk
+
+    async def read(self) -> bytes:
+        """The whole remaining body."""
+        parts = []
+        while True:
+            chunk = await self.next_chunk()
+            if chunk is None:
+                return b"".join(parts)
+            parts.append(chunk)
+
+    def _finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        c = self._conn
+        if c.complete and c.error is None and c.keep_alive:
+            c.pool._release(c)
+        else:
+            c.close()
+            c.pool._drop(c)
+
+    def close(self) -> None:
+        """Stop reading; an unfinished answer closes (aborts) the upstream connection."""
+        if self._done:
+            return
+        c = self._conn
+        if not c.complete:
+            c.close()
+        self._finish()
+
+    async def __aenter__(self) -> "UpstreamResponse":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Pool:
+    """Keep-alive connections to one endpoint.
+
+    Parameters
+    ----------
+    host, port : str, int
+    max_connections : int
+        Open connections at most (idle + busy); callers beyond it wait for one.
+    connect_timeout_s : float
+    """
+
+    def __init__(self, host: str, port: int, max_connections: int = 1024,
+                 connect_timeout_s: float = 5.0) -> None:
+        self.host = host
+        self.port = port
+        self.max_connections = max_connections
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: deque[_Conn] = deque()
+        self._open = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._host_header = f"{host}:{port}".encode()
+        self.closed = False
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    @property
+    def idle_connections(self) -> int:
+        return len(self._idle)
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        conn = _Conn(self)
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: conn, self.host, self.port),
+                self.connect_timeout_s)
+        except asyncio.TimeoutError:
+            raise UpstreamTimeout("connect", self.connect_timeout_s) from None
+        return conn
+
+    async def _acquire(self) -> tuple[_Conn, bool]:
+        while True:
+            while self._idle:
+                c = self._idle.pop()
+                if c.reusable():
+                    return c, True
+                self._drop(c)
+            if self._open < self.max_connections:
+                self._open += 1
+                try:
+                    return await self._connect(), False
+                except BaseException:
+                    self._open -= 1
+                    self._wake_one()
+                    raise
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if not fut.done():
+                    fut.cancel()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
+
+    def _release(self, c: _Conn) -> None:
+        if c.closed or self.closed:
+            self._drop(c)
+            return
+        c._reset()
+        self._idle.append(c)
+        self._wake_one()
+
+    def _drop(self, c: _Conn) -> None:
+        if c.counted_out:
+            return
+        c.counted_out = True
+        self._open -= 1
+        self._wake_one()
+
+    def _forget(self, c: _Conn) -> None:
+        """Called on connection_lost: an idle connection closed by the engine leaves the pool."""
+        try:
+            self._idle.remove(c)
+        except ValueError:
+            return
+        self._drop(c)
+
+    async def request(self, method: bytes, path: bytes, body: bytes = b"",
+                      headers: Headers = (), *, first_byte_timeout_s: float | None = None,
+                      idle_timeout_s: float | None = None) -> UpstreamResponse:
+        """Send a request; return once status and headers arrived.
+
+        A reused keep-alive connection that turns out to be closed before any byte of
+        the answer arrived is retried once on a fresh connection (the request never
+        reached the engine's application).
+
+        Raises
+        ------
+        UpstreamTimeout
+            connect or first byte too slow.
+        UpstreamClosed, OSError
+            connection refused / reset.
+        """
+        head = [method, b" ", path, b" HTTP/1.1\r\nhost: ", self._host_header,
+                b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
+        for k, v in headers:
+            head += [k, b": ", v, b"\r\n"]
+        head.append(b"\r\n")
+        head.append(body)
+        data = b"".join(head)
+        for attempt in (0, 1):
+            conn, reused = await self._acquire()
+            try:
+                assert conn.transport is not None
+                conn.transport.write(data)
+                while not conn.headers_done:
+                    if conn.error is not None:
+                        raise conn.error
+                    await conn.wait(first_byte_timeout_s, "first byte")
+            except UpstreamClosed as e:
+                conn.close()
+                self._drop(conn)
+                if reused and e.before_response and attempt == 0:
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                self._drop(conn)
+                raise
+            return UpstreamResponse(conn, idle_timeout_s)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        self.closed = True
+        while self._idle:
+            c = self._idle.pop()
+            c.close()
+            self._open -= 1
+        for w in self._waiters:
+            if not w.done():
+                w.set_exception(ConnectionError("pool closed"))
+        self._waiters.clear()
+
+
+class Client:
+    """Pools by (host, port), created on first use."""
+
+    def __init__(self, max_connections_per_endpoint: int = 1024,
+                 connect_timeout_s: float = 5.0) -> None:
+        self._pools: dict[tuple[str, int], Pool] = {}
+        self.max_connections = max_connections_per_endpoint
+        self.connect_timeout_s = connect_timeout_s
+
+    def pool(self, host: str, port: int) -> Pool:
+        key = (host, port)
+        p = self._pools.get(key)
+        if p is None:
+            p = self._pools[key] = Pool(host, port, self.max_connections, self.connect_timeout_s)
+        return p
+
+    def discard(self, host: str, port: int) -> None:
+        p = self._pools.pop((host, port), None)
+        if p is not None:
+            p.close()
+
+    async def get_json_bytes(self, host: str, port: int, path: str, timeout_s: float) -> tuple[int, bytes]:
+        """GET a small document; returns (status, body). For health checks and control traffic."""
+        async def go() -> tuple[int, bytes]:
+            resp = await self.pool(host, port).request(b"GET", path.encode(),
+                                                       first_byte_timeout_s=timeout_s,
+                                                       idle_timeout_s=timeout_s)
+            async with resp:
+                return resp.status, await resp.read()
+        return await asyncio.wait_for(go(), timeout_s)
+
+    async def post_json_bytes(self, host: str, port: int, path: str, body: bytes,
+                              timeout_s: float) -> tuple[int, bytes]:
+        async def go() -> tuple[int, bytes]:
+            resp = await self.pool(host, port).request(
+                b"POST", path.encode(), body, ((b"content-type", b"application/json"),),
+                first_byte_timeout_s=timeout_s, idle_timeout_s=timeout_s)
+            async with resp:
+                return resp.status, await resp.read()
+        return await asyncio.wait_for(go(), timeout_s)
+
+    def close(self) -> None:
+        for p in self._pools.values():
+            p.close()
+        self._pools.clear()

@@ -1,0 +1,456 @@
+"""Minimal HTTP/1.1 server on asyncio (uvloop) + httptools.
+
+Used by every motor process. It parses requests with ``httptools``, keeps
+connections alive, supports pipelined requests (answered in order), bounds the
+request body, and lets a handler answer either at once (:meth:`Response.send`)
+or as a chunked stream (:meth:`Response.start` / :meth:`Response.write` /
+:meth:`Response.end`) with write back-pressure (:meth:`Response.drain`).
+
+A handler is ``async def handler(request: Request, response: Response) -> None``.
+When the client goes away, the handler's task is cancelled, so whatever it awaits
+(an upstream request, typically) is torn down at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections import deque
+from http import HTTPStatus
+from typing import Awaitable, Callable, Iterable
+from urllib.parse import parse_qs
+
+import httptools
+
+from motor.protocol.openai import error_body
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[["Request", "Response"], Awaitable[None]]
+Headers = Iterable[tuple[bytes, bytes]]
+
+_STATUS_LINES: dict[int, bytes] = {}
+
+
+def status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = "Unknown"
+        line = f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")
+        _STATUS_LINES[status] = line
+    return line
+
+
+class Request:
+    """One parsed HTTP request.
+
+    Attributes
+    ----------
+    method : bytes
+        e.g. ``b"POST"``.
+    path : str
+        The path without the query string.
+    query : str
+        The raw query string (may be empty).
+    headers : list[tuple[bytes, bytes]]
+        In arrival order, names lower-cased.
+    body : bytes
+        The whole body (bounded by the server's ``max_body_bytes``).
+    """
+
+    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "peer")
+
+    def __init__(self, method: bytes, path: str, query: str, headers: list[tuple[bytes, bytes]],
+                 body: bytes, keep_alive: bool, peer: object) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+        self.peer = peer
+
+    def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
+        """First value of header ``name`` (lower-case bytes), or ``default``."""
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return default
+
+    def query_params(self) -> dict[str, str]:
+        return {k: v[-1] for k, v in parse_qs(self.query).items()}
+
+
+class Response:
+    """The answer to one request; exactly one of ``send`` or ``start``..``end`` is used."""
+
+    __slots__ = ("_proto", "started", "finished", "status", "_chunked", "keep_alive")
+
+    def __init__(self, proto: "HttpProtocol", keep_alive: bool) -> None:
+        self._proto = proto
+        self.started = False
+        self.finished = False
+        self.status = 0
+        self._chunked = False
+        self.keep_alive = keep_alive
+
+    @property
+    def client_gone(self) -> bool:
+        return self._proto.closed
+
+    def send(self, status: int, body: bytes = b"", content_type: bytes = b"application/json",
+             headers: Headers = ()) -> None:
+        """Send a complete response with ``Content-Length``."""
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = self.finished = True
+        self.status = status
+        parts = [status_line(status), b"content-type: ", content_type,
+                 b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
+        for k, v in headers:
+            parts += [k, b": ", v, b"\r\n"]
+        if not self.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        parts.append(body)
+        self._proto.write(b"".join(parts))
+        self._proto.response_done(self)
+
+    def start(self, status: int, content_type: bytes = b"text/event-stream",
+              headers: Headers = ()) -> None:
+        """Start a chunked response; follow with :meth:`write` calls and one :meth:`end`."""
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        self.status = status
+        self._chunked = True
+        parts = [status_line(status), b"content-type: ", content_type,
+                 b"\r\ntransfer-encoding: chunked\r\n"]
+        if content_type == b"text/event-stream":
+            parts.append(b"cache-control: no-cache\r\n")
+        for k, v in headers:
+            parts += [k, b": ", v, b"\r\n"]
+        if not self.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        self._proto.write(b"".join(parts))
+
+    def write(self, data: bytes) -> None:
+        """Send one chunk at once (never buffered). Empty data is ignored."""
+        if data:
+            self._proto.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    async def drain(self) -> None:
+        """Wait while the client's socket buffer is full."""
+        await self._proto.drain()
+
+    def end(self, data: bytes = b"") -> None:
+        """Finish a chunked response, optionally with a last chunk."""
+        if self.finished:
+            return
+        self.finished = True
+        if data:
+            self._proto.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
+        else:
+            self._proto.write(b"0\r\n\r\n")
+        self._proto.response_done(self)
+
+    def abort(self) -> None:
+        """Close the client connection (used when a started stream cannot be ended cleanly)."""
+        self.finished = True
+        self._proto.close()
+
+
+class HttpProtocol(asyncio.Protocol):
+    """One client connection."""
+
+    __slots__ = ("_server", "_transport", "_parser", "_url", "_headers", "_body", "_body_len",
+                 "_queue", "_task", "closed", "_paused", "_drain_waiter", "_peer", "_rejected",
+                 "_current")
+
+    def __init__(self, server: "HttpServer") -> None:
+        self._server = server
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: list[bytes] = []
+        self._body_len = 0
+        self._queue: deque[Request] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._current: Response | None = None
+        self.closed = False
+        self._paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+        self._peer: object = None
+        self._rejected = False
+
+    # -- asyncio.Protocol ---------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._peer = transport.get_extra_info("peername")
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        self._server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reject(400, "protocol upgrade is not supported")
+        except httptools.HttpParserError as e:
+            self._reject(400, f"malformed HTTP request: {e}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._server.connections.discard(self)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_exception(ConnectionResetError("client closed the connection"))
+        self._queue.clear()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        w = self._drain_waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # -- httptools callbacks ------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._body = []
+        self._body_len = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        for k, v in self._headers:
+            if k == b"content-length":
+                try:
+                    n = int(v)
+                except ValueError:
+                    n = -1
+                if n > self._server.max_body_bytes:
+                    self._reject(413, f"request body of {n} bytes is larger than the limit of "
+                                      f"{self._server.max_body_bytes} bytes")
+                break
+
+    def on_body(self, body: bytes) -> None:
+        if self._rejected:
+            return
+        self._body_len += len(body)
+        if self._body_len > self._server.max_body_bytes:
+            self._reject(413, f"request body is larger than the limit of "
+                              f"{self._server.max_body_bytes} bytes")
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._rejected:
+            return
+        url = self._url
+        q = url.find(b"?")
+        if q >= 0:
+            path, query = url[:q].decode("latin-1"), url[q + 1:].decode("latin-1")
+        else:
+            path, query = url.decode("latin-1"), ""
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        req = Request(self._parser.get_method(), path, query, self._headers, body,
+                      self._parser.should_keep_alive(), self._peer)
+        if self._task is None:
+            self._start(req)
+        else:
+            self._queue.append(req)
+            if len(self._queue) > 64:
+                self._reject(429, "too many pipelined requests")
+
+    # -- internals ----------------------------------------------------------
+    def _start(self, req: Request) -> None:
+        resp = Response(self, req.keep_alive and not self._server.draining)
+        self._current = resp
+        self._server.inflight += 1
+        self._task = asyncio.ensure_future(self._run(req, resp))
+
+    async def _run(self, req: Request, resp: Response) -> None:
+        try:
+            await self._server.handler(req, resp)
+        except asyncio.CancelledError:
+            if not resp.finished and not self.closed:
+                self.close()
+            raise
+        except Exception:
+            logger.exception("handler failed for %s %s", req.method.decode(), req.path)
+            if not resp.started and not self.closed:
+                resp.send(500, error_body(500, "internal error in motor"))
+            elif not resp.finished:
+                resp.abort()
+        finally:
+            self._server.inflight -= 1
+            if not resp.finished and not self.closed:
+                # a handler that returned without answering: never leave the client hanging
+                if not resp.started:
+                    resp.send(500, error_body(500, "no response produced"))
+                else:
+                    resp.abort()
+
+    def response_done(self, resp: Response) -> None:
+        self._task = None
+        self._current = None
+        if not resp.keep_alive:
+            self.close()
+            return
+        if self._queue and not self.closed:
+            self._start(self._queue.popleft())
+
+    def _reject(self, status: int, message: str) -> None:
+        """Answer an unparseable / oversized request and close the connection."""
+        self._rejected = True
+        if self._transport is None or self.closed:
+            return
+        if self._task is None:
+            body = error_body(status, message)
+            self._transport.write(status_line(status) + b"content-type: application/json\r\n"
+                                  b"content-length: " + str(len(body)).encode() +
+                                  b"\r\nconnection: close\r\n\r\n" + body)
+        self.close()
+
+    def write(self, data: bytes) -> None:
+        if not self.closed and self._transport is not None:
+            self._transport.write(data)
+
+    async def drain(self) -> None:
+        if self.closed:
+            raise ConnectionResetError("client closed the connection")
+        if not self._paused:
+            return
+        loop = asyncio.get_running_loop()
+        self._drain_waiter = loop.create_future()
+        try:
+            await self._drain_waiter
+        finally:
+            self._drain_waiter = None
+
+    def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+        self.closed = True
+
+    def idle(self) -> bool:
+        return self._task is None and not self._queue
+
+
+class HttpServer:
+    """An HTTP/1.1 server around one handler.
+
+    Parameters
+    ----------
+    handler : async callable ``(Request, Response) -> None``
+    max_body_bytes : int
+        Larger request bodies get 413 with an OpenAI error body.
+    """
+
+    def __init__(self, handler: Handler, max_body_bytes: int = 64 * 1024 * 1024) -> None:
+        self.handler = handler
+        self.max_body_bytes = max_body_bytes
+        self.connections: set[HttpProtocol] = set()
+        self.inflight = 0
+        self.draining = False
+        self._servers: list[asyncio.AbstractServer] = []
+
+    async def listen(self, host: str, port: int, *, reuse_port: bool = False,
+                     sock: socket.socket | None = None, backlog: int = 2048) -> int:
+        """Start listening; returns the bound port (useful with ``port=0``)."""
+        loop = asyncio.get_running_loop()
+        if sock is not None:
+            srv = await loop.create_server(lambda: HttpProtocol(self), sock=sock, backlog=backlog)
+        else:
+            srv = await loop.create_server(lambda: HttpProtocol(self), host, port,
+                                           reuse_address=True, reuse_port=reuse_port or None,
+                                           backlog=backlog)
+        self._servers.append(srv)
+        return int(srv.sockets[0].getsockname()[1])
+
+    async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
+        """Stop accepting, wait up to ``drain_timeout_s`` for in-flight requests, close the rest."""
+        self.draining = True
+        for s in self._servers:
+            s.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_timeout_s
+        for c in list(self.connections):
+            if c.idle():
+                c.close()
+        while self.inflight > 0 and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for c in list(self.connections):
+            c.close()
+        for s in self._servers:
+            try:
+                await asyncio.wait_for(s.wait_closed(), 1.0)
+            except (asyncio.TimeoutError, Exception):
+                pass
+
+
+class Router:
+    """Exact-path routing table: ``(method, path) -> handler``; 404 / 405 with OpenAI bodies."""
+
+    def __init__(self) -> None:
+        self._routes: dict[str, dict[bytes, Handler]] = {}
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        self._routes.setdefault(path, {})[method.encode()] = handler
+
+    def get(self, path: str) -> Callable[[Handler], Handler]:
+        def deco(fn: Handler) -> Handler:
+            self.add("GET", path, fn)
+            return fn
+        return deco
+
+    def post(self, path: str) -> Callable[[Handler], Handler]:
+        def deco(fn: Handler) -> Handler:
+            self.add("POST", path, fn)
+            return fn
+        return deco
+
+    async def __call__(self, req: Request, resp: Response) -> None:
+        by_method = self._routes.get(req.path)
+        if by_method is None:
+            resp.send(404, error_body(404, f"no route for {req.path}"))
+            return
+        h = by_method.get(req.method)
+        if h is None:
+            if req.method == b"HEAD" and b"GET" in by_method:
+                h = by_method[b"GET"]
+            else:
+                allowed = ", ".join(sorted(m.decode() for m in by_method))
+                resp.send(405, error_body(405, f"method {req.method.decode()} not allowed on "
+                                               f"{req.path} (allowed: {allowed})"))
+                return
+        await h(req, resp)
+
+
+def install_uvloop() -> None:
+    """Use uvloop's event loop policy when available (it is a declared dependency)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())

@@ -1,0 +1,1 @@
+"""Wire types shared by motor's processes (controller, node manager, coordinator)."""

@@ -1,0 +1,45 @@
+"""OpenAI-style error bodies and SSE framing, pre-encoded where it matters.
+
+The error body is the one the OpenAI API and vLLM return::
+
+    {"error": {"message": str, "type": str, "param": null, "code": int}}
+
+(vLLM: ``vllm/entrypoints/openai/protocol.py`` ``ErrorResponse``; it also sets
+``code`` to the HTTP status.)
+"""
+from __future__ import annotations
+
+import orjson
+
+_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    408: "RequestTimeout",
+    413: "RequestEntityTooLarge",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    502: "BadGateway",
+    503: "ServiceUnavailable",
+    504: "GatewayTimeout",
+}
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def error_type(status: int) -> str:
+    return _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+
+
+def error_body(status: int, message: str, param: str | None = None) -> bytes:
+    """JSON bytes of an OpenAI error body for ``status``."""
+    return orjson.dumps({"error": {"message": message, "type": error_type(status),
+                                   "param": param, "code": status}})
+
+
+def sse_error_event(status: int, message: str) -> bytes:
+    """An SSE ``data:`` event carrying an OpenAI error object, followed by ``[DONE]``."""
+    return b"data: " + error_body(status, message) + b"\n\n" + SSE_DONE
