@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DATASETS = ("random", "shared-prefix", "multi-turn")
+from motor.bench.config import DATASETS
 
 # 26 letters and 6 spaces: word-like ASCII text, one byte per character.
 _ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz      ", dtype=np.uint8)

@@ -1,0 +1,174 @@
+"""``motor bench``: load generator for any OpenAI-compatible endpoint.
+
+Prints the table (E2EL, TTFT, TPOT, ITL, input/output tokens, output token
+throughput: average, min, max, median, P75, P90, P99, N) and a summary.
+Exit status: 0 when every request succeeded (and at least one completed),
+1 when any request failed, 2 when the run could not start.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from motor.bench.config import (DATASETS, DEFAULT_CONCURRENCY, DEFAULT_NUM_REQUESTS, BenchConfig,
+                                BenchError)
+
+
+def _json_object(text: str) -> dict:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"temperature\": 0}'")
+    return obj
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return v
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("Lengths are in tokens; with motor's simulated engine one token is one byte "
+                     "and the generated prompts are ASCII, so N characters = N tokens. "
+                     "Exit status: 0 if every request succeeded, 1 if any failed "
+                     "(or none completed), 2 if the run could not start.")
+    t = parser.add_argument_group("target")
+    t.add_argument("--url", default="http://127.0.0.1:8000",
+                   help="base URL of the OpenAI-compatible server (without /v1)")
+    t.add_argument("--endpoint", default="/v1/chat/completions",
+                   help="API path: /v1/chat/completions (messages) or /v1/completions "
+                        "(text prompt); any path ending in chat/completions is sent messages")
+    t.add_argument("--model", default=None,
+                   help="model name sent in each request; None = the first model of "
+                        "GET <url>/v1/models")
+    t.add_argument("--api-key", default=None,
+                   help="API key, sent as 'Authorization: Bearer <key>'; None = no header")
+
+    d = parser.add_argument_group("workload")
+    d.add_argument("--dataset", choices=DATASETS, default="random",
+                   help="random: unique random prompts of --input-len; shared-prefix: "
+                        "--num-groups groups, each request = its group's system prompt of "
+                        "--prefix-len + a unique question of --input-len; multi-turn: "
+                        "--num-conversations conversations of --turns turns (each turn adds "
+                        "--input-len of user text to the history and carries the previous "
+                        "answers; turns of one conversation are sent one after the other), "
+                        "conversations of one group share a --prefix-len system prompt")
+    d.add_argument("--num-requests", type=_positive_int, default=None,
+                   help=f"requests to send; None = {DEFAULT_NUM_REQUESTS} for random / shared-prefix, "
+                        "every turn (--num-conversations x --turns) for multi-turn")
+    d.add_argument("--input-len", type=_positive_int, default=256,
+                   help="prompt (question / user turn) length in tokens")
+    d.add_argument("--output-len", "--max-tokens", dest="output_len", type=_positive_int,
+                   default=128, help="max_tokens asked for each answer")
+    d.add_argument("--range-ratio", type=float, default=0.0,
+                   help="input and output lengths are drawn uniformly in "
+                        "[len*(1-r), len*(1+r)]; 0 = fixed lengths; must be < 1")
+    d.add_argument("--prefix-len", type=int, default=1024,
+                   help="shared system prompt length in tokens (shared-prefix, multi-turn; "
+                        "0 = none for multi-turn)")
+    d.add_argument("--num-groups", type=_positive_int, default=4,
+                   help="number of distinct shared system prompts (shared-prefix, multi-turn)")
+    d.add_argument("--num-conversations", type=_positive_int, default=16,
+                   help="conversations of the multi-turn dataset")
+    d.add_argument("--turns", type=_positive_int, default=4,
+                   help="turns per conversation of the multi-turn dataset")
+    d.add_argument("--seed", type=int, default=0,
+                   help="seed of the dataset and of the Poisson arrivals (same seed, same prompts)")
+
+    l = parser.add_argument_group("load")
+    l.add_argument("--concurrency", type=_positive_int, default=None,
+                   help="max requests in flight; without --request-rate it is a closed loop "
+                        f"keeping this many busy; None = {DEFAULT_CONCURRENCY} in closed loop, "
+                        "no cap with --request-rate")
+    l.add_argument("--request-rate", type=_positive_float, default=None,
+                   help="open loop: start requests at Poisson arrivals of this rate (req/s), "
+                        "still capped by --concurrency if given")
+    l.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="stream answers (SSE, with stream_options.include_usage); TTFT, ITL "
+                        "and TPOT are only measured when streaming")
+    l.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=False,
+                   help="send ignore_eos: true (vLLM / SGLang extension) so every answer has "
+                        "--output-len tokens")
+    l.add_argument("--duration", type=_positive_float, default=None,
+                   help="stop starting new requests after this many seconds (requests in "
+                        "flight still finish); None = no limit")
+    l.add_argument("--timeout", type=_positive_float, default=300.0,
+                   help="per-request timeout in seconds (whole answer); a request past it fails")
+    l.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",
+                   help="JSON object merged into every request body, e.g. '{\"temperature\": 0}'")
+
+    o = parser.add_argument_group("output")
+    o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="tqdm progress bar on stderr; None = on when stderr is a terminal")
+    o.add_argument("--json", dest="json_path", default=None, metavar="PATH",
+                   help="also write the config, summary and per-metric statistics as JSON to "
+                        "PATH ('-' = stdout; the table then goes to stderr)")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    progress = args.progress
+    if progress is None:
+        progress = sys.stderr.isatty()
+    return BenchConfig(
+        url=args.url, endpoint=args.endpoint, model=args.model, api_key=args.api_key,
+        dataset=args.dataset, num_requests=args.num_requests, input_len=args.input_len,
+        output_len=args.output_len, range_ratio=args.range_ratio, prefix_len=args.prefix_len,
+        num_groups=args.num_groups, num_conversations=args.num_conversations, turns=args.turns,
+        seed=args.seed, concurrency=args.concurrency, request_rate=args.request_rate,
+        stream=args.stream, ignore_eos=args.ignore_eos, duration=args.duration,
+        timeout=args.timeout, extra_body=args.extra_body or {}, progress=progress)
+
+
+def _run(coro):
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def main(args: argparse.Namespace) -> int:
+    from motor.bench.report import format_table, write_json
+    from motor.bench.runner import run_bench
+
+    try:
+        config = config_from_args(args)
+        config.validate()
+        result = _run(run_bench(config))
+    except BenchError as e:
+        print(f"motor bench: error: {e}", file=sys.stderr)
+        return 2
+    table_out = sys.stderr if args.json_path == "-" else sys.stdout
+    print(format_table(result), file=table_out, flush=True)
+    if args.json_path:
+        try:
+            write_json(result, args.json_path)
+        except OSError as e:
+            print(f"motor bench: error: cannot write {args.json_path}: {e}", file=sys.stderr)
+            return 2
+    return result.exit_status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A stand-alone parser (``python -m motor.bench.cli``)."""
+    p = argparse.ArgumentParser(prog="motor bench", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_arguments(p)
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main(build_parser().parse_args()))
