@@ -22,7 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; only ``command``'s module is imported (all when ``None``)."""
     parser = argparse.ArgumentParser(
         prog="motor",
         description="motor: a performance-first manager for LLM inference clusters.",
@@ -35,14 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        mod = importlib.import_module(module)
-        mod.add_arguments(p)
+        if command is None or command == name:
+            importlib.import_module(module).add_arguments(p)
         p.set_defaults(_module=module)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if a in COMMANDS), "")
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     from motor.logs import setup_logging
     setup_logging(args.log_level)

@@ -1,0 +1,1 @@
+"""The gateway: OpenAI API in, routed to engine instances, answers streamed back."""

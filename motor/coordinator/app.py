@@ -1,0 +1,97 @@
+"""Assembling and running one coordinator process."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from urllib.parse import urlsplit
+
+from motor.config.schema import ClusterConfig, Role
+from motor.coordinator.endpoints import ControllerWatcher, EndpointTable, StaticBackends
+from motor.coordinator.policy import make_policy
+from motor.coordinator.server import Coordinator
+from motor.errors import ConfigError
+from motor.http.client import Client
+from motor.http.server import HttpServer, install_uvloop
+
+logger = logging.getLogger(__name__)
+
+
+def parse_backend(spec: str) -> tuple[Role, str, int]:
+    """``URL`` (union) or ``ROLE=URL`` -> (role, host, port).
+
+    Raises
+    ------
+    ConfigError
+        for an unknown role or a URL that is not ``http://HOST:PORT``.
+    """
+    role = Role.UNION
+    url = spec
+    if "=" in spec and not spec.startswith("http"):
+        r, url = spec.split("=", 1)
+        try:
+            role = Role(r)
+        except ValueError:
+            raise ConfigError(f"--backend role is expected to be one of "
+                              f"{[x.value for x in Role]}, got {r!r} (in {spec!r})") from None
+    u = urlsplit(url)
+    if u.scheme != "http" or not u.hostname or u.path not in ("", "/"):
+        raise ConfigError(f"--backend is expected as [ROLE=]http://HOST:PORT, got {spec!r}")
+    return role, u.hostname, u.port or 80
+
+
+async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
+                controller_url: str | None = None, stop: asyncio.Event | None = None,
+                ready_file: str | None = None) -> None:
+    """Run until ``stop`` is set or SIGTERM/SIGINT; then drain in-flight requests."""
+    c = cfg.coordinator
+    client = Client(max_connections_per_endpoint=c.max_connections_per_endpoint,
+                    connect_timeout_s=c.timeouts.connect_s)
+    table = EndpointTable(client)
+    policy = make_policy(c.policy.value)
+    coord = Coordinator(c, table, policy)
+    tasks: list[asyncio.Task[None]] = []
+    source: StaticBackends | ControllerWatcher
+    if backends:
+        table.set_static([parse_backend(b) for b in backends])
+        source = StaticBackends(table, c.health_check_interval_s, c.health_check_timeout_s,
+                                c.health_failures)
+    else:
+        source = ControllerWatcher(table, controller_url or cfg.controller.url)
+        coord.ready_source = source.synced
+    tasks.append(asyncio.ensure_future(source.run()))
+
+    server = HttpServer(coord.router, max_body_bytes=c.max_body_bytes)
+    port = await server.listen(c.host, c.port)
+    mode = "standalone, %d backend(s)" % len(backends) if backends else \
+        f"following controller {controller_url or cfg.controller.url}"
+    logger.info("coordinator listening on http://%s:%d (%s, mode=%s, policy=%s)",
+                c.host, port, mode, c.mode.value, policy.name)
+    if ready_file:
+        with open(ready_file, "w") as f:
+            f.write(str(port))
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover
+            pass
+    await stop.wait()
+    logger.info("coordinator stopping: draining %d in-flight request(s)", server.inflight)
+    await server.shutdown(drain_timeout_s=10.0)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    source.close()
+    client.close()
+
+
+def run(cfg: ClusterConfig, backends: list[str] | None = None,
+        controller_url: str | None = None) -> int:
+    install_uvloop()
+    asyncio.run(serve(cfg, backends, controller_url,
+                      ready_file=os.environ.get("MOTOR_READY_FILE")))
+    return 0

@@ -1,0 +1,57 @@
+"""``motor coordinator``: the gateway process."""
+from __future__ import annotations
+
+import argparse
+import logging
+
+from motor.config import load_config, load_default_config
+from motor.config.schema import DeploymentMode, PolicyName
+from motor.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", help="cluster config file (YAML/JSON); default: the embedded "
+                                          "default. The 'coordinator' section is used.")
+    p.add_argument("--host", help="listen address (overrides coordinator.host)")
+    p.add_argument("--port", type=int, help="listen port (overrides coordinator.port)")
+    p.add_argument("--backend", action="extend", nargs="+", default=[], metavar="[ROLE=]URL",
+                   help="standalone mode, no controller: an engine to route to, as "
+                        "http://HOST:PORT (union) or prefill=URL / decode=URL; repeat or list "
+                        "several. The coordinator then health-checks them itself.")
+    p.add_argument("--controller", metavar="URL",
+                   help="controller to follow (default: controller.host/port of the config); "
+                        "ignored with --backend")
+    p.add_argument("--policy", choices=[x.value for x in PolicyName],
+                   help="routing policy (overrides coordinator.policy)")
+    p.add_argument("--mode", choices=[x.value for x in DeploymentMode],
+                   help="deployment mode (overrides coordinator.mode)")
+    p.add_argument("--workers", type=int, help="ingress worker processes (overrides "
+                                               "coordinator.workers; this version runs 1)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config) if args.config else load_default_config()
+        over = {k: v for k, v in (("host", args.host), ("port", args.port),
+                                  ("policy", args.policy), ("mode", args.mode),
+                                  ("workers", args.workers)) if v is not None}
+        if over:
+            from motor.config.load import parse_config
+            data = cfg.model_dump(mode="json")
+            data["coordinator"].update(over)
+            cfg = parse_config(data, "command line")
+        from motor.coordinator.app import parse_backend, run
+        for b in args.backend:
+            parse_backend(b)
+        if cfg.coordinator.workers > 1:
+            logger.warning("coordinator.workers=%d: this version runs one worker process",
+                           cfg.coordinator.workers)
+        from motor.coordinator.policy import make_policy
+        make_policy(cfg.coordinator.policy.value)
+        from motor.coordinator.server import Coordinator  # noqa: F401
+    except (ConfigError, ValueError) as e:
+        print(f"motor coordinator: {e}")
+        return 2
+    return run(cfg, args.backend or None, args.controller)

@@ -1,0 +1,295 @@
+"""The coordinator's view of the cluster: routable endpoints and where they come from.
+
+Two sources fill an :class:`EndpointTable`:
+
+* :class:`ControllerWatcher`: long-polls the controller's ``GET /v1/instances``; an
+  endpoint is routable while its instance is ``ready``.
+* :class:`StaticBackends`: standalone mode (``--backend URL``), no controller; the
+  coordinator probes each backend's ``/health`` itself and learns its models from
+  ``/v1/models``.
+
+Both also eject an endpoint passively for ``cooldown_s`` after a transport failure
+(connection refused / reset), so a dead engine stops receiving requests before the
+control plane has noticed.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Iterable
+
+import orjson
+
+from motor.config.schema import EngineKind, Role
+from motor.coordinator import metrics
+from motor.http.client import Client, Pool
+from motor.protocol.instances import InstanceState, InstanceTable
+
+logger = logging.getLogger(__name__)
+
+
+class EndpointState:
+    """One routable HTTP endpoint (an instance's DP rank) with its live load."""
+
+    __slots__ = ("key", "instance_id", "model", "models", "role", "engine", "host", "port",
+                 "dp_rank", "url", "ready", "cooldown_until", "failures", "inflight",
+                 "inflight_tokens", "pool", "kv_events", "bootstrap_port", "_gauge")
+
+    def __init__(self, instance_id: str, model: str | None, role: Role, host: str, port: int,
+                 dp_rank: int, pool: Pool, engine: EngineKind | None = None,
+                 kv_events: str | None = None, bootstrap_port: int | None = None) -> None:
+        self.instance_id = instance_id
+        self.key = f"{instance_id}#{dp_rank}"
+        self.model = model
+        self.models: set[str] = {model} if model else set()
+        self.role = role
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self.dp_rank = dp_rank
+        self.url = f"http://{host}:{port}"
+        self.ready = False
+        self.cooldown_until = 0.0
+        self.failures = 0
+        self.inflight = 0
+        self.inflight_tokens = 0
+        self.pool = pool
+        self.kv_events = kv_events
+        self.bootstrap_port = bootstrap_port
+        self._gauge = metrics.INFLIGHT.labels(instance_id, self.url)
+
+    def routable(self, now: float) -> bool:
+        return self.ready and now >= self.cooldown_until
+
+    def serves(self, model: str | None) -> bool:
+        return model is None or not self.models or model in self.models
+
+    def acquire(self, tokens: int = 0) -> None:
+        self.inflight += 1
+        self.inflight_tokens += tokens
+        self._gauge.inc()
+
+    def release(self, tokens: int = 0) -> None:
+        self.inflight -= 1
+        self.inflight_tokens -= tokens
+        self._gauge.dec()
+
+    def transport_failed(self, cooldown_s: float) -> None:
+        """Passive ejection after a connect / reset failure."""
+        self.failures += 1
+        self.cooldown_until = time.monotonic() + cooldown_s
+
+    def succeeded(self) -> None:
+        self.failures = 0
+        self.cooldown_until = 0.0
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self.key} {self.role.value} {self.url} ready={self.ready}>"
+
+
+class EndpointTable:
+    """All endpoints, indexed by role; candidate lists are rebuilt only on change."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.endpoints: dict[str, EndpointState] = {}
+        self.version = 0
+        self._by_role: dict[Role, list[EndpointState]] = {r: [] for r in Role}
+        self.changed = asyncio.Event()
+
+    def _rebuild(self) -> None:
+        by_role: dict[Role, list[EndpointState]] = {r: [] for r in Role}
+        for ep in sorted(self.endpoints.values(), key=lambda e: e.key):
+            by_role[ep.role].append(ep)
+        self._by_role = by_role
+        for role in Role:
+            eps = by_role[role]
+            n_ok = sum(1 for e in eps if e.ready)
+            metrics.ENDPOINTS.labels(role.value, "1").set(n_ok)
+            metrics.ENDPOINTS.labels(role.value, "0").set(len(eps) - n_ok)
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def all(self, role: Role) -> list[EndpointState]:
+        return self._by_role[role]
+
+    def candidates(self, role: Role, model: str | None) -> list[EndpointState]:
+        """Routable endpoints of ``role`` serving ``model``.
+
+        When every endpoint of the role is cooling down after transport failures, they are
+        all returned anyway (better a retry than a 503 while the control plane catches up).
+        """
+        now = time.monotonic()
+        eps = self._by_role[role]
+        out = [e for e in eps if e.routable(now) and e.serves(model)]
+        if not out:
+            out = [e for e in eps if e.ready and e.serves(model)]
+        return out
+
+    def models(self) -> list[str]:
+        names: set[str] = set()
+        for e in self.endpoints.values():
+            if e.ready:
+                names |= e.models
+        return sorted(names)
+
+    def has_model(self, model: str) -> bool:
+        for e in self.endpoints.values():
+            if model in e.models or not e.models:
+                return True
+        return False
+
+    # -- updates ------------------------------------------------------------
+    def set_static(self, specs: Iterable[tuple[Role, str, int]]) -> None:
+        """Standalone mode: fixed (role, host, port) backends, routable until probes say otherwise."""
+        for i, (role, host, port) in enumerate(specs):
+            ep = EndpointState(f"backend-{i}", None, role, host, port, 0,
+                               self.client.pool(host, port))
+            ep.ready = True
+            self.endpoints[ep.key] = ep
+        self._rebuild()
+
+    def set_ready(self, ep: EndpointState, ready: bool, why: str) -> None:
+        if ep.ready != ready:
+            logger.info("endpoint %s (%s) %s: %s", ep.key, ep.url,
+                        "back in rotation" if ready else "out of rotation", why)
+            ep.ready = ready
+            if ready:
+                ep.succeeded()
+            self._rebuild()
+
+    def apply(self, table: InstanceTable) -> None:
+        """Replace the endpoints with the controller's table (instances in state ``ready`` route)."""
+        seen: set[str] = set()
+        for inst in table.instances:
+            if inst.state == InstanceState.REMOVED:
+                continue
+            for ep_spec in inst.endpoints:
+                key = f"{inst.id}#{ep_spec.dp_rank}"
+                seen.add(key)
+                ep = self.endpoints.get(key)
+                if ep is None or ep.host != ep_spec.host or ep.port != ep_spec.port \
+                        or ep.role != inst.role:
+                    ep = EndpointState(inst.id, inst.model, inst.role, ep_spec.host, ep_spec.port,
+                                       ep_spec.dp_rank, self.client.pool(ep_spec.host, ep_spec.port),
+                                       inst.engine, inst.kv_events, inst.bootstrap_port)
+                    self.endpoints[key] = ep
+                    logger.info("endpoint %s added: %s %s model=%s", key, inst.role.value,
+                                ep.url, inst.model)
+                ready = inst.state == InstanceState.READY
+                if ready != ep.ready:
+                    logger.info("endpoint %s %s (instance %s)", key,
+                                "ready" if ready else "not routable", inst.state.value)
+                    ep.ready = ready
+                    if ready:
+                        ep.succeeded()
+        for key in [k for k in self.endpoints if k not in seen]:
+            ep = self.endpoints.pop(key)
+            logger.info("endpoint %s removed", key)
+            if not any(e.host == ep.host and e.port == ep.port for e in self.endpoints.values()):
+                self.client.discard(ep.host, ep.port)
+        self.version = table.version
+        metrics.TABLE_VERSION.set(table.version)
+        self._rebuild()
+
+
+class ControllerWatcher:
+    """Follows the controller's live instance table with a long poll."""
+
+    def __init__(self, table: EndpointTable, controller_url: str, poll_timeout_s: float = 10.0) -> None:
+        from urllib.parse import urlsplit
+        u = urlsplit(controller_url)
+        if u.scheme != "http" or not u.hostname:
+            raise ValueError(f"controller URL is expected as http://HOST:PORT, got {controller_url!r}")
+        self.host = u.hostname
+        self.port = u.port or 80
+        self.table = table
+        self.poll_timeout_s = poll_timeout_s
+        self.client = Client(max_connections_per_endpoint=4, connect_timeout_s=2.0)
+        self.synced = asyncio.Event()
+
+    async def run(self) -> None:
+        down_since: float | None = None
+        while True:
+            path = f"/v1/instances?after={self.table.version}&timeout={self.poll_timeout_s:g}"
+            try:
+                status, body = await self.client.get_json_bytes(
+                    self.host, self.port, path, self.poll_timeout_s + 5.0)
+                if status != 200:
+                    raise ConnectionError(f"controller answered {status}")
+                table = InstanceTable.model_validate(orjson.loads(body))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure: log once per outage, retry
+                if down_since is None:
+                    down_since = time.monotonic()
+                    logger.warning("controller %s:%d unreachable (%s); keeping the last instance "
+                                   "table (version %d) and retrying", self.host, self.port, e,
+                                   self.table.version)
+                await asyncio.sleep(0.5)
+                continue
+            if down_since is not None:
+                logger.info("controller reachable again after %.1f s", time.monotonic() - down_since)
+                down_since = None
+            if table.version != self.table.version or not self.synced.is_set():
+                self.table.apply(table)
+            self.synced.set()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class StaticBackends:
+    """Standalone mode: active ``/health`` probes of fixed backends, and their model names."""
+
+    def __init__(self, table: EndpointTable, interval_s: float, timeout_s: float,
+                 failures: int) -> None:
+        self.table = table
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.failures = failures
+        # a separate pool: health probes never queue behind proxied requests (case B26)
+        self.client = Client(max_connections_per_endpoint=2, connect_timeout_s=timeout_s)
+        self._fails: dict[str, int] = {}
+
+    async def probe(self, ep: EndpointState) -> None:
+        try:
+            status, _ = await self.client.get_json_bytes(ep.host, ep.port, "/health", self.timeout_s)
+            ok = status == 200
+            why = f"/health answered {status}"
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            ok, why = False, f"/health failed: {type(e).__name__}: {e}"
+        if ok:
+            self._fails[ep.key] = 0
+            if not ep.models:
+                await self._learn_models(ep)
+            self.table.set_ready(ep, True, why)
+        else:
+            n = self._fails.get(ep.key, 0) + 1
+            self._fails[ep.key] = n
+            if n >= self.failures:
+                self.table.set_ready(ep, False, f"{n} failed probes, last: {why}")
+
+    async def _learn_models(self, ep: EndpointState) -> None:
+        try:
+            status, body = await self.client.get_json_bytes(ep.host, ep.port, "/v1/models",
+                                                            self.timeout_s)
+            if status == 200:
+                data = orjson.loads(body).get("data") or []
+                ep.models = {m["id"] for m in data if isinstance(m, dict) and "id" in m}
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a backend without /v1/models serves any model name
+            pass
+
+    async def run(self) -> None:
+        while True:
+            eps = list(self.table.endpoints.values())
+            await asyncio.gather(*(self.probe(e) for e in eps))
+            await asyncio.sleep(self.interval_s)
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,39 @@
+"""The policy interface: ``pick(role, request, candidates) -> endpoint``.
+
+Every policy answers the same question from the same inputs: the candidate
+endpoints (already filtered: routable, right role, right model, see
+:meth:`motor.coordinator.endpoints.EndpointTable.candidates`) and what is known of
+the request. The registry maps the config name (also the metric label) to the
+class; there are no aliases.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from motor.coordinator.endpoints import EndpointState
+
+
+class RequestInfo:
+    """What policies may look at: model, prompt size estimate (tokens), and, for
+    ``kv_affinity``, block hashes of the routing key (filled by the caller)."""
+
+    __slots__ = ("model", "prompt_tokens", "max_tokens", "block_hashes")
+
+    def __init__(self, model: str | None, prompt_tokens: int, max_tokens: int) -> None:
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.block_hashes = None
+
+
+class Policy:
+    """Base class; subclasses set ``name`` and implement :meth:`pick`."""
+
+    name: ClassVar[str] = ""
+
+    def pick(self, candidates: "list[EndpointState]", request: RequestInfo,
+             exclude: "set[EndpointState] | None" = None) -> "EndpointState | None":
+        """Choose one of ``candidates`` (never one in ``exclude`` unless nothing else is left);
+        ``None`` only when ``candidates`` is empty."""
+        raise NotImplementedError
