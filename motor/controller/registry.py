@@ -1,0 +1,278 @@
+"""The controller's registry: nodes, instances, their states, a versioned table, long-poll watch.
+
+States and transitions (every transition bumps the table version and is logged at info
+with the instance id and the reason)::
+
+    register (healthy=false) -> starting         register (healthy=true) -> ready
+    starting  --heartbeat health=true-->  ready
+    starting  --heartbeat health=false--> starting      (engine still coming up)
+    ready     --heartbeat health=false--> unhealthy
+    unhealthy --heartbeat health=true-->  ready
+    any       --heartbeat failed=[id]-->  unhealthy     (node manager gave up on it)
+    any       --no heartbeat for heartbeat_timeout_s--> unhealthy
+    unhealthy --node still silent, unhealthy for remove_after_s--> removed (dropped)
+    any       --deregister / left out of a new registration--> removed (dropped)
+
+``removed`` instances leave the table; the state exists for logs and metrics only.
+
+The registry is plain synchronous code driven by an injectable clock; :meth:`Registry.check`
+applies the timeouts (the server calls it periodically, tests call it with a fake clock).
+Every mutation goes through :meth:`Registry._commit`, the one place where a persistent
+backend (etcd: one transaction per change, leader lease) would hook in later.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from motor.protocol.instances import (Heartbeat, Instance, InstanceState, InstanceTable,
+                                      NodeRegistration)
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+class RegistryConflict(ValueError):
+    """A registration names an instance id that another node owns."""
+
+
+@dataclass
+class _Node:
+    name: str
+    host: str
+    last_heartbeat: float
+    instance_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Entry:
+    inst: Instance
+    since: float  #: clock time of the last state change
+
+
+@dataclass
+class Transition:
+    """One state change (``new`` is ``removed`` when the instance left the table)."""
+    instance: str
+    old: InstanceState | None
+    new: InstanceState
+    reason: str
+
+
+class Registry:
+    """In-memory registry of nodes and instances.
+
+    Parameters
+    ----------
+    heartbeat_timeout_s : float
+        A node silent this long -> its instances become ``unhealthy``.
+    remove_after_s : float
+        An instance ``unhealthy`` this long while its node stays silent -> removed.
+    clock : callable
+        Monotonic seconds (``time.monotonic`` by default; tests inject a fake).
+    initial_version : int
+        First version of the table. The server starts from wall-clock milliseconds so a
+        restarted controller publishes versions above the ones it published before.
+    """
+
+    def __init__(self, heartbeat_timeout_s: float = 5.0, remove_after_s: float = 60.0,
+                 clock: Clock = time.monotonic, initial_version: int = 0) -> None:
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.remove_after_s = remove_after_s
+        self.clock = clock
+        self.version = initial_version
+        self._nodes: dict[str, _Node] = {}
+        self._entries: dict[str, _Entry] = {}
+        self._event: asyncio.Event | None = None
+        self._table_cache: InstanceTable | None = None
+        #: called with each batch of transitions after a commit (metrics, persistence)
+        self.listeners: list[Callable[[list[Transition]], None]] = []
+
+    # ------------------------------------------------------------------ queries
+    def table(self) -> InstanceTable:
+        """The current table (instances sorted by id); cached until the next change."""
+        if self._table_cache is None or self._table_cache.version != self.version:
+            insts = [e.inst.model_copy() for _, e in sorted(self._entries.items())]
+            self._table_cache = InstanceTable(version=self.version, instances=insts)
+        return self._table_cache
+
+    def instance(self, instance_id: str) -> Instance | None:
+        e = self._entries.get(instance_id)
+        return e.inst if e is not None else None
+
+    def state(self, instance_id: str) -> InstanceState:
+        e = self._entries.get(instance_id)
+        return e.inst.state if e is not None else InstanceState.REMOVED
+
+    def counts(self) -> dict[InstanceState, int]:
+        out = {s: 0 for s in InstanceState if s is not InstanceState.REMOVED}
+        for e in self._entries.values():
+            out[e.inst.state] += 1
+        return out
+
+    def knows(self, node: str) -> bool:
+        return node in self._nodes
+
+    def nodes(self) -> list[dict[str, object]]:
+        now = self.clock()
+        return [{"node": n.name, "host": n.host,
+                 "last_heartbeat_age_s": round(now - n.last_heartbeat, 3),
+                 "instances": list(n.instance_ids)}
+                for _, n in sorted(self._nodes.items())]
+
+    # ---------------------------------------------------------------- mutations
+    def register(self, reg: NodeRegistration) -> int:
+        """Replace ``reg.node``'s instances; returns the new version.
+
+        Raises
+        ------
+        RegistryConflict
+            an instance id is already registered by another node (nothing changes).
+        """
+        now = self.clock()
+        ids = [s.id for s in reg.instances]
+        if len(set(ids)) != len(ids):
+            raise RegistryConflict(f"node {reg.node!r} registers the same instance id twice")
+        for s in reg.instances:
+            e = self._entries.get(s.id)
+            if e is not None and e.inst.node != reg.node:
+                raise RegistryConflict(f"instance {s.id!r} is already registered by node "
+                                       f"{e.inst.node!r}, not {reg.node!r}")
+        changes: list[Transition] = []
+        old = self._nodes.get(reg.node)
+        if old is not None:
+            for iid in old.instance_ids:
+                if iid not in ids:
+                    changes.append(self._drop(iid, "left out of the node's new registration"))
+        for s in reg.instances:
+            state = InstanceState.READY if s.healthy else InstanceState.STARTING
+            reason = "registered " + ("healthy" if s.healthy else "(engine starting)")
+            prev = self._entries.get(s.id)
+            self._entries[s.id] = _Entry(
+                Instance(**s.model_dump(), node=reg.node, state=state, reason=reason), now)
+            changes.append(Transition(s.id, prev.inst.state if prev else None, state, reason))
+        self._nodes[reg.node] = _Node(reg.node, reg.host, now, ids)
+        logger.info("node %s registered (%s) with %d instance(s)", reg.node, reg.host, len(ids))
+        return self._commit(changes, force=True)
+
+    def heartbeat(self, hb: Heartbeat) -> tuple[bool, int]:
+        """Record a heartbeat; returns ``(known, version)``; unknown node -> ``known=False``."""
+        node = self._nodes.get(hb.node)
+        if node is None:
+            return False, self.version
+        now = self.clock()
+        node.last_heartbeat = now
+        changes: list[Transition] = []
+        failed = set(hb.failed)
+        for iid in node.instance_ids:
+            e = self._entries.get(iid)
+            if e is None:
+                continue
+            healthy = hb.health.get(iid)
+            detail = hb.reasons.get(iid)
+            cur = e.inst.state
+            if iid in failed:
+                new, why = InstanceState.UNHEALTHY, "node manager gave up on the engine"
+            elif healthy is None:
+                continue  # no word on this instance
+            elif healthy:
+                new, why = InstanceState.READY, "engine healthy"
+            elif cur is InstanceState.STARTING:
+                continue
+            else:
+                new, why = InstanceState.UNHEALTHY, "engine unhealthy"
+            if detail:
+                why = f"{why}: {detail}"
+            if new is not cur:
+                changes.append(self._set(e, new, why, now))
+        return True, self._commit(changes)
+
+    def deregister(self, node: str) -> tuple[bool, int]:
+        """Remove ``node`` and its instances; returns ``(known, version)``."""
+        n = self._nodes.pop(node, None)
+        if n is None:
+            return False, self.version
+        changes = [self._drop(iid, "node deregistered") for iid in n.instance_ids
+                   if iid in self._entries]
+        logger.info("node %s deregistered", node)
+        return True, self._commit(changes, force=True)
+
+    def check(self, now: float | None = None) -> int:
+        """Apply heartbeat timeouts at ``now`` (default: the clock); returns the version."""
+        if now is None:
+            now = self.clock()
+        changes: list[Transition] = []
+        for name in list(self._nodes):
+            node = self._nodes[name]
+            silent = now - node.last_heartbeat
+            if silent < self.heartbeat_timeout_s:
+                continue
+            for iid in list(node.instance_ids):
+                e = self._entries.get(iid)
+                if e is None:
+                    continue
+                if e.inst.state is not InstanceState.UNHEALTHY:
+                    changes.append(self._set(e, InstanceState.UNHEALTHY, _NO_HEARTBEAT, now,
+                                             detail=f"{silent:.1f} s"))
+                elif now - e.since >= self.remove_after_s and \
+                        now - node.last_heartbeat >= self.remove_after_s:
+                    changes.append(self._drop(
+                        iid, f"unhealthy and no heartbeat for {self.remove_after_s:g} s"))
+                    node.instance_ids.remove(iid)
+            if not node.instance_ids and silent >= self.heartbeat_timeout_s + self.remove_after_s:
+                del self._nodes[name]
+                logger.info("node %s forgotten: no heartbeat for %.1f s", name, silent)
+        return self._commit(changes)
+
+    # ---------------------------------------------------------------- watching
+    async def wait(self, after: int | None, timeout_s: float) -> InstanceTable:
+        """Long poll: the table once its version differs from ``after``, or at ``timeout_s``."""
+        if after is None or after != self.version or timeout_s <= 0:
+            return self.table()
+        if self._event is None:
+            self._event = asyncio.Event()
+        ev = self._event
+        try:
+            await asyncio.wait_for(ev.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        return self.table()
+
+    # ---------------------------------------------------------------- internals
+    def _set(self, e: _Entry, new: InstanceState, reason: str, now: float,
+             detail: str | None = None) -> Transition:
+        old = e.inst.state
+        text = f"{reason} ({detail})" if detail else reason
+        e.inst = e.inst.model_copy(update={"state": new, "reason": text})
+        e.since = now
+        return Transition(e.inst.id, old, new, text)
+
+    def _drop(self, iid: str, reason: str) -> Transition:
+        e = self._entries.pop(iid)
+        return Transition(iid, e.inst.state, InstanceState.REMOVED, reason)
+
+    def _commit(self, changes: Iterable[Transition], force: bool = False) -> int:
+        """Apply a batch: bump the version, log, wake watchers, tell listeners.
+
+        A persistent backend (etcd) writes the batch here in one transaction.
+        """
+        changes = list(changes)
+        if not changes and not force:
+            return self.version
+        self.version += 1
+        for t in changes:
+            logger.info("instance %s: %s -> %s (%s) [version %d]", t.instance,
+                        t.old.value if t.old else "new", t.new.value, t.reason, self.version)
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+        for fn in self.listeners:
+            fn(changes)
+        return self.version
+
+
+_NO_HEARTBEAT = "no heartbeat from the node"
