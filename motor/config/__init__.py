@@ -4,3 +4,4 @@ from motor.config.schema import (  # noqa: F401
     RetryConfig, TimeoutConfig, DeploymentMode, EngineKind, PolicyName, Role, RestartPolicy,
 )
 from motor.config.load import load_config, load_default_config, parse_config  # noqa: F401
+from motor.errors import ConfigError  # noqa: F401

@@ -1,0 +1,80 @@
+"""Config schema and loading: defaults, and errors that name field, expected and received."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from motor.config import ConfigError, load_config, load_default_config, parse_config
+from motor.config.schema import DeploymentMode, EngineKind, PolicyName, Role
+
+
+def test_embedded_default_is_simulated_union_on_loopback():
+    cfg = load_default_config()
+    assert cfg.coordinator.mode == DeploymentMode.UNION
+    assert cfg.coordinator.policy == PolicyName.ROUND_ROBIN
+    engines = [e for n in cfg.nodes for e in n.engines]
+    assert engines and all(e.kind == EngineKind.SIM and e.host == "127.0.0.1" for e in engines)
+    assert cfg.controller.host == "127.0.0.1"
+
+
+def test_yaml_and_json_files_load_the_same(tmp_path):
+    data = {"coordinator": {"port": 9001, "policy": "least_load"},
+            "nodes": [{"name": "n1", "engines": [{"name": "p", "role": "prefill", "model": "m",
+                                                  "kind": "vllm", "engine_config": {"max-model-len": 2048}}]}]}
+    jp = tmp_path / "c.json"
+    jp.write_text(json.dumps(data))
+    yp = tmp_path / "c.yaml"
+    yp.write_text("coordinator:\n  port: 9001\n  policy: least_load\nnodes:\n  - name: n1\n    engines:\n"
+                  "      - {name: p, role: prefill, model: m, kind: vllm, engine_config: {max-model-len: 2048}}\n")
+    a, b = load_config(jp), load_config(yp)
+    assert a == b
+    e = a.nodes[0].engines[0]
+    assert e.role == Role.PREFILL and e.engine_config == {"max-model-len": 2048}
+    assert e.model_name == "m"
+
+
+@pytest.mark.parametrize("data, expect", [
+    ({"coordinator": {"policy": "fastest"}}, ["coordinator.policy", "round_robin", "'fastest'"]),
+    ({"coordinator": {"port": 70000}}, ["coordinator.port", "65535", "70000"]),
+    ({"coordinator": {"prot": 1}}, ["coordinator.prot", "unknown field"]),
+    ({"nodes": [{"name": "a", "engines": [{"name": "e", "role": "prefil", "model": "m"}]}]},
+     ["nodes[0].engines[0].role", "'prefill'", "'prefil'"]),
+    ({"nodes": [{"name": "a", "engines": [{"name": "e"}]}]},
+     ["nodes[0].engines[0].model", "missing"]),
+    ({"nodes": [{"name": "a", "engines": [{"name": "e", "model": "m", "count": 0}]}]},
+     ["nodes[0].engines[0].count", "greater than or equal to 1", "0"]),
+])
+def test_errors_name_field_expected_and_received(data, expect):
+    with pytest.raises(ConfigError) as ei:
+        parse_config(data, "test.yaml")
+    msg = str(ei.value)
+    assert "test.yaml" in msg
+    for part in expect:
+        assert part in msg, (part, msg)
+
+
+def test_port_clash_between_engines_is_an_error():
+    data = {"nodes": [{"name": "a", "engines": [
+        {"name": "e1", "model": "m", "count": 2, "base_port": 9000},
+        {"name": "e2", "model": "m", "base_port": 9001}]}]}
+    with pytest.raises(ConfigError, match="port 9001"):
+        parse_config(data)
+
+
+def test_duplicate_node_names_rejected():
+    with pytest.raises(ConfigError, match="unique"):
+        parse_config({"nodes": [{"name": "a"}, {"name": "a"}]})
+
+
+def test_config_error_is_a_value_error_and_bad_files_are_clear(tmp_path):
+    assert issubclass(ConfigError, ValueError)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    p = tmp_path / "bad.yaml"
+    p.write_text("coordinator: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p)
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(p)
