@@ -78,3 +78,19 @@ def test_config_error_is_a_value_error_and_bad_files_are_clear(tmp_path):
     p.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(p)
+
+
+def test_configuration_reference_is_current():
+    import os
+
+    from motor.config.doc import render
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "configuration.md")
+    with open(path) as f:
+        assert f.read() == render(), "run: python -m motor.config.doc > docs/configuration.md"
+
+
+def test_example_config_loads():
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "cluster.yaml")
+    cfg = load_config(path)
+    assert cfg.nodes[0].engines[0].count == 3

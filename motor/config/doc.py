@@ -1,0 +1,64 @@
+"""Generate the configuration reference (``docs/configuration.md``) from the schema.
+
+``python -m motor.config.doc > docs/configuration.md``; a test checks the file is current.
+"""
+from __future__ import annotations
+
+import enum
+import typing
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from motor.config import schema
+
+SECTIONS: list[tuple[str, type[BaseModel]]] = [
+    ("controller", schema.ControllerConfig),
+    ("coordinator", schema.CoordinatorConfig),
+    ("coordinator.timeouts", schema.TimeoutConfig),
+    ("coordinator.retries", schema.RetryConfig),
+    ("nodes[]", schema.NodeConfig),
+    ("nodes[].engines[]", schema.EngineConfig),
+    ("nodes[].engines[].restart", schema.RestartConfig),
+]
+
+
+def _type(ann: object) -> str:
+    if isinstance(ann, type) and issubclass(ann, enum.Enum):
+        return " \\| ".join(f"`{m.value}`" for m in ann)
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return "section"
+    s = repr(ann) if not isinstance(ann, type) else ann.__name__
+    return s.replace("typing.", "").replace("|", "\\|")
+
+
+def _default(field: typing.Any) -> str:
+    if field.default is PydanticUndefined:
+        if field.default_factory is not None:
+            v = field.default_factory()
+            return "(see section)" if isinstance(v, BaseModel) else f"`{v!r}`"
+        return "**required**"
+    v = field.default
+    if isinstance(v, enum.Enum):
+        v = v.value
+    return f"`{v!r}`" if v is not None else "`null`"
+
+
+def render() -> str:
+    out = ["# Configuration reference", "",
+           "Generated from `motor/config/schema.py` by `python -m motor.config.doc`; do not edit.",
+           "Unknown keys are errors. Units are in the names (`_s` seconds, `_bytes` bytes).", ""]
+    for name, model in SECTIONS:
+        out += [f"## `{name}`", ""]
+        if model.__doc__:
+            out += [" ".join(model.__doc__.split()), ""]
+        out += ["| key | type | default | meaning |", "|---|---|---|---|"]
+        for key, f in model.model_fields.items():
+            desc = (f.description or "").replace("|", "\\|")
+            out.append(f"| `{key}` | {_type(f.annotation)} | {_default(f)} | {desc} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(render(), end="")
