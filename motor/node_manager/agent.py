@@ -1,0 +1,303 @@
+"""The node manager: engines of one node + registration and heartbeats to the controller.
+
+Library use (in-process)::
+
+    agent = NodeAgent(config.nodes[0], config.controller.url,
+                      heartbeat_interval_s=config.controller.heartbeat_interval_s)
+    await agent.start()                  # engines start, registration begins
+    ...
+    await agent.stop()                   # engines stopped, node deregistered
+
+or blocking with SIGTERM / SIGINT handling: :func:`run_node_manager`.
+
+Controller traffic: register all instances on start (``healthy`` = current health, false at
+first); heartbeat every ``heartbeat_interval_s`` (and at once when an engine's health changes)
+with ``{node, health, failed, reasons}``; ``known: false`` -> register again. A controller that
+is down is retried with exponential backoff (capped), logged once per outage.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import tempfile
+import time
+from urllib.parse import urlsplit
+
+import orjson
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from motor.config.schema import NodeConfig
+from motor.errors import ConfigError
+from motor.http import Client, HttpServer, Request, Response, Router, install_uvloop
+from motor.node_manager.engines import InstancePlan, plan_node
+from motor.node_manager.supervisor import EngineProcess, ProcState
+from motor.protocol.instances import Heartbeat, NodeRegistration
+
+logger = logging.getLogger(__name__)
+
+
+class EngineInstance:
+    """One registered instance = one or more engine processes (one per DP rank for sim)."""
+
+    def __init__(self, plan: InstancePlan, processes: list[EngineProcess]) -> None:
+        self.plan = plan
+        self.processes = processes
+
+    @property
+    def id(self) -> str:
+        return self.plan.id
+
+    @property
+    def healthy(self) -> bool:
+        return all(p.healthy for p in self.processes)
+
+    @property
+    def failed(self) -> bool:
+        return any(p.failed for p in self.processes)
+
+    @property
+    def reason(self) -> str | None:
+        for p in self.processes:
+            if p.state is not ProcState.READY:
+                return f"{p.name}: {p.reason or p.state.value}"
+        return None
+
+    def status(self) -> dict[str, object]:
+        return {"id": self.id, "healthy": self.healthy, "failed": self.failed,
+                "processes": [p.status() for p in self.processes]}
+
+
+def parse_url(url: str) -> tuple[str, int]:
+    u = urlsplit(url if "//" in url else "http://" + url)
+    if u.scheme not in ("http", "") or not u.hostname:
+        raise ConfigError(f"controller URL must look like http://HOST:PORT, got {url!r}")
+    return u.hostname, u.port or 80
+
+
+class NodeAgent:
+    """Runs one node's engines and keeps the controller informed.
+
+    Parameters
+    ----------
+    node : NodeConfig
+    controller_url : str
+        ``http://host:port`` of the controller.
+    heartbeat_interval_s : float
+    log_dir : str or None
+        Engine logs; default ``node.log_dir`` or a fresh temp dir.
+    mgmt_host, mgmt_port : management API (``/health``, ``/metrics``, ``/v1/instances``);
+        ``mgmt_port=None`` = off, 0 = any free port.
+    """
+
+    def __init__(self, node: NodeConfig, controller_url: str, heartbeat_interval_s: float = 1.0,
+                 log_dir: str | None = None, mgmt_host: str | None = None,
+                 mgmt_port: int | None = None) -> None:
+        self.node = node
+        self.controller_url = controller_url
+        self.controller = parse_url(controller_url)
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.log_dir = log_dir or node.log_dir
+        self.mgmt_host = mgmt_host or node.host
+        self.mgmt_port_wanted = mgmt_port
+        self.mgmt_port: int | None = None
+        self.plans = plan_node(node)  # raises ConfigError on a bad engine_config
+        self.client = Client(connect_timeout_s=2.0)
+        self.instances: list[EngineInstance] = []
+        self.registered = False
+        self.controller_reachable = False
+        self._dirty = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._http: HttpServer | None = None
+        self._metrics = CollectorRegistry(auto_describe=True)
+        self._g_healthy = Gauge("motor_node_engine_healthy", "1 when the engine process is healthy",
+                                ["instance", "process"], registry=self._metrics)
+        self._g_restarts = Gauge("motor_node_engine_restarts", "restarts of the engine process",
+                                 ["instance", "process"], registry=self._metrics)
+        self._g_failed = Gauge("motor_node_engine_failed", "1 when the node manager gave up",
+                               ["instance", "process"], registry=self._metrics)
+        self._g_ctrl = Gauge("motor_node_controller_reachable", "1 when the controller answers",
+                             registry=self._metrics)
+
+    # --------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        if self.log_dir is None:
+            self.log_dir = tempfile.mkdtemp(prefix=f"motor-{self.node.name}-logs-")
+        os.makedirs(self.log_dir, exist_ok=True)
+        logger.info("node manager %s: %d instance(s), engine logs in %s, controller %s",
+                    self.node.name, len(self.plans), self.log_dir, self.controller_url)
+        for plan in self.plans:
+            procs = [EngineProcess(spec, plan.engine, self.log_dir, self.client,
+                                   on_change=self._dirty.set) for spec in plan.processes]
+            self.instances.append(EngineInstance(plan, procs))
+        for inst in self.instances:
+            for p in inst.processes:
+                p.start()
+        if self.mgmt_port_wanted is not None:
+            self._http = HttpServer(self._route())
+            self.mgmt_port = await self._http.listen(self.mgmt_host, self.mgmt_port_wanted)
+            logger.info("node manager %s: management API on http://%s:%d", self.node.name,
+                        self.mgmt_host, self.mgmt_port)
+        self._task = asyncio.create_task(self._control_loop(), name="controller loop")
+
+    async def stop(self, deregister_timeout_s: float = 2.0) -> None:
+        """Stop every engine (SIGTERM -> timeout -> SIGKILL of each group), deregister."""
+        logger.info("node manager %s: stopping %d engine process(es)", self.node.name,
+                    sum(len(i.processes) for i in self.instances))
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        await asyncio.gather(*(p.stop() for i in self.instances for p in i.processes))
+        if self.registered:
+            try:
+                await self._post("/v1/nodes/deregister", {"node": self.node.name},
+                                 deregister_timeout_s)
+                logger.info("node manager %s: deregistered", self.node.name)
+            except Exception as e:
+                logger.warning("node manager %s: could not deregister (%s)", self.node.name,
+                               _err(e))
+        if self._http is not None:
+            await self._http.shutdown(drain_timeout_s=0.5)
+        self.client.close()
+        logger.info("node manager %s: stopped", self.node.name)
+
+    # ------------------------------------------------------------ controller
+    def registration(self) -> NodeRegistration:
+        return NodeRegistration(node=self.node.name, host=self.node.host,
+                                instances=[i.plan.spec(healthy=i.healthy) for i in self.instances])
+
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(node=self.node.name,
+                         health={i.id: i.healthy for i in self.instances},
+                         failed=[i.id for i in self.instances if i.failed],
+                         reasons={i.id: r for i in self.instances if (r := i.reason)})
+
+    async def _post(self, path: str, body: object, timeout_s: float) -> dict[str, object]:
+        data = body.model_dump_json().encode() if hasattr(body, "model_dump_json") \
+            else orjson.dumps(body)
+        host, port = self.controller
+        status, raw = await self.client.post_json_bytes(host, port, path, data, timeout_s)
+        if status != 200:
+            raise _ControllerRefused(status, raw[:300].decode("utf-8", "replace"))
+        out = orjson.loads(raw)
+        return out if isinstance(out, dict) else {}
+
+    async def _control_loop(self) -> None:
+        timeout = max(1.0, min(5.0, 2 * self.heartbeat_interval_s))
+        backoff_min = min(0.2, self.heartbeat_interval_s)
+        backoff_max = max(5.0, self.heartbeat_interval_s)
+        backoff = backoff_min
+        outage_since: float | None = None
+        while True:
+            try:
+                if not self.registered:
+                    r = await self._post("/v1/nodes/register", self.registration(), timeout)
+                    self.registered = True
+                    logger.info("node manager %s: registered %d instance(s) with %s (version %s)",
+                                self.node.name, len(self.instances), self.controller_url,
+                                r.get("version"))
+                else:
+                    self._dirty.clear()
+                    r = await self._post("/v1/nodes/heartbeat", self.heartbeat(), timeout)
+                    if r.get("known") is False:
+                        logger.info("node manager %s: controller does not know this node "
+                                    "(restarted?): registering again", self.node.name)
+                        self.registered = False
+                        continue
+                if outage_since is not None:
+                    logger.info("node manager %s: controller %s reachable again after %.1f s",
+                                self.node.name, self.controller_url, time.monotonic() - outage_since)
+                    outage_since = None
+                self.controller_reachable = True
+                backoff = backoff_min
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.controller_reachable = False
+                if outage_since is None:
+                    outage_since = time.monotonic()
+                    logger.warning("node manager %s: controller %s: %s; retrying with backoff "
+                                   "(logged once per outage)", self.node.name,
+                                   self.controller_url, _err(e))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, backoff_max)
+                continue
+            try:
+                await asyncio.wait_for(self._dirty.wait(), self.heartbeat_interval_s)
+                await asyncio.sleep(0.01)  # coalesce a burst of changes
+            except asyncio.TimeoutError:
+                pass
+
+    # ------------------------------------------------------------ management
+    def status(self) -> dict[str, object]:
+        return {"node": self.node.name, "controller": self.controller_url,
+                "registered": self.registered, "controller_reachable": self.controller_reachable,
+                "log_dir": self.log_dir, "instances": [i.status() for i in self.instances]}
+
+    def _route(self) -> Router:
+        r = Router()
+
+        async def health(req: Request, resp: Response) -> None:
+            resp.send(200, b'{"status":"ok"}')
+
+        async def instances(req: Request, resp: Response) -> None:
+            resp.send(200, orjson.dumps(self.status()))
+
+        async def metrics(req: Request, resp: Response) -> None:
+            for i in self.instances:
+                for p in i.processes:
+                    self._g_healthy.labels(i.id, p.name).set(1 if p.healthy else 0)
+                    self._g_restarts.labels(i.id, p.name).set(p.restarts)
+                    self._g_failed.labels(i.id, p.name).set(1 if p.failed else 0)
+            self._g_ctrl.set(1 if self.controller_reachable else 0)
+            resp.send(200, generate_latest(self._metrics), content_type=CONTENT_TYPE_LATEST.encode())
+
+        r.add("GET", "/health", health)
+        r.add("GET", "/v1/instances", instances)
+        r.add("GET", "/metrics", metrics)
+        return r
+
+
+class _ControllerRefused(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"controller answered {status}: {body}")
+
+
+def _err(e: BaseException) -> str:
+    if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
+        return "no answer in time"
+    s = str(e)
+    return f"{type(e).__name__}: {s}" if s else type(e).__name__
+
+
+async def serve_node_manager(agent: NodeAgent, stop: asyncio.Event | None = None) -> None:
+    """Run ``agent`` until ``stop`` is set (or forever), then stop it."""
+    await agent.start()
+    try:
+        await (stop.wait() if stop is not None else asyncio.Event().wait())
+    finally:
+        await agent.stop()
+
+
+def run_node_manager(node: NodeConfig, controller_url: str, heartbeat_interval_s: float = 1.0,
+                     log_dir: str | None = None, mgmt_host: str | None = None,
+                     mgmt_port: int | None = None) -> int:
+    """Blocking entry point: uvloop, SIGTERM/SIGINT -> stop engines, deregister, return 0."""
+    install_uvloop()
+
+    async def main() -> None:
+        agent = NodeAgent(node, controller_url, heartbeat_interval_s, log_dir, mgmt_host, mgmt_port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve_node_manager(agent, stop)
+
+    asyncio.run(main())
+    return 0

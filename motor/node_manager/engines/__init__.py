@@ -1,0 +1,213 @@
+"""Engine backends: config -> the processes of each instance (argv, env, endpoint, log name).
+
+One backend module per engine kind (``sim.py``, later ``vllm.py``, ``sglang.py``), each with
+``build(node, engine, index) -> InstancePlan``. :func:`engine_flags` is the one passthrough
+of ``engine_config`` to ``--kebab-case`` flags that all backends share:
+
+* keys are written ``--kebab-case`` whatever the spelling in the config (``max_model_len``,
+  ``max-model-len`` and ``--max-model-len`` are the same key; giving two spellings of one key
+  is an error);
+* ``True`` -> bare ``--flag``; ``False`` / ``None`` -> omitted (or ``--no-flag`` for keys the
+  backend declares negatable); either way it also drops a motor default of that key;
+* lists / tuples -> ``--flag v1 v2 ...`` (``list_style="nargs"``) or ``--flag v1 --flag v2``
+  (``"repeat"``); an empty list is omitted;
+* dicts -> one compact JSON argument;
+* other values -> ``str(value)``.
+
+Motor's *managed* flags (host, port, model, ...) always come first and cannot be set in
+``engine_config`` (a :class:`~motor.errors.ConfigError` names the key); motor *defaults* are
+added at the end only when the user did not set that key in either spelling, never twice.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Protocol, Sequence
+
+import orjson
+
+from motor.config.schema import EngineConfig, EngineKind, NodeConfig
+from motor.errors import ConfigError
+from motor.protocol.instances import Endpoint, InstanceSpec
+
+Pairs = Mapping[str, Any] | Iterable[tuple[str, Any]]
+
+
+def flag_key(key: str) -> str:
+    """Canonical spelling of a flag name: ``max_model_len`` / ``--max-model-len`` -> ``max-model-len``."""
+    return key.strip().lstrip("-").replace("_", "-")
+
+
+def _pairs(p: Pairs) -> list[tuple[str, Any]]:
+    return list(p.items()) if isinstance(p, Mapping) else list(p)
+
+
+def _render(key: str, value: Any, *, negatable: bool, list_style: str) -> list[str]:
+    flag = "--" + key
+    if value is None:
+        return []
+    if value is True:
+        return [flag]
+    if value is False:
+        return ["--no-" + key] if negatable else []
+    if isinstance(value, (list, tuple)):
+        items = [_scalar(v) for v in value]
+        if not items:
+            return []
+        if list_style == "repeat":
+            out: list[str] = []
+            for v in items:
+                out += [flag, v]
+            return out
+        return [flag, *items]
+    return [flag, _scalar(value)]
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, dict):
+        return orjson.dumps(v).decode()
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def engine_flags(user: Mapping[str, Any], *, managed: Pairs = (), defaults: Pairs = (),
+                 negatable: Iterable[str] = (), list_style: str = "nargs",
+                 where: str = "engine_config") -> list[str]:
+    """Build ``managed + user + defaults`` flags (see the module docstring for the rules).
+
+    Parameters
+    ----------
+    user : mapping
+        ``engine_config`` from the config, in config order.
+    managed : mapping or pairs
+        Flags motor sets itself; the user may not set them.
+    defaults : mapping or pairs
+        Motor defaults; dropped when the user set the key in any spelling.
+    negatable : iterable of str
+        Keys for which ``False`` renders ``--no-key`` (argparse ``BooleanOptionalAction``).
+    list_style : "nargs" or "repeat"
+    where : str
+        Field path used in error messages.
+
+    Raises
+    ------
+    ConfigError
+        a user key is managed by motor, or the same key is given in two spellings.
+    """
+    if list_style not in ("nargs", "repeat"):
+        raise ValueError(f"list_style must be 'nargs' or 'repeat', got {list_style!r}")
+    neg = {flag_key(k) for k in negatable}
+    managed_l = [(flag_key(k), v) for k, v in _pairs(managed)]
+    managed_keys = {k for k, _ in managed_l}
+    seen: dict[str, str] = {}
+    user_l: list[tuple[str, Any]] = []
+    for raw, v in user.items():
+        k = flag_key(raw)
+        if not k:
+            raise ConfigError(f"{where}: empty key {raw!r}")
+        if k in managed_keys:
+            raise ConfigError(f"{where}.{raw}: this flag is set by motor from the engine's config "
+                              f"fields (host, base_port, model, role, dp_size ...), not here")
+        if k in seen:
+            raise ConfigError(f"{where}: {seen[k]!r} and {raw!r} are the same flag --{k}; give it once")
+        seen[k] = raw
+        user_l.append((k, v))
+    out: list[str] = []
+    for k, v in managed_l:
+        out += _render(k, v, negatable=k in neg, list_style=list_style)
+    for k, v in user_l:
+        out += _render(k, v, negatable=k in neg, list_style=list_style)
+    done = set(seen) | managed_keys
+    for k, v in [(flag_key(k), v) for k, v in _pairs(defaults)]:
+        if k in done:
+            continue
+        done.add(k)
+        out += _render(k, v, negatable=k in neg, list_style=list_style)
+    return out
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One OS process of an instance: one per DP rank where the engine is started per rank."""
+    name: str                   #: log / display name: ``<node>-<engine>-<i>`` (``-dp<r>`` if dp_size > 1)
+    argv: list[str]
+    env: dict[str, str]         #: the engine's own additions; the supervisor adds them to os.environ
+    endpoint: Endpoint
+    health_path: str = "/health"
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    """What the node manager runs and registers for one instance."""
+    id: str                     #: ``<node>/<engine name>/<i>``
+    node: str
+    engine: EngineConfig
+    processes: list[ProcessSpec] = field(default_factory=list)
+    kv_events: str | None = None
+    bootstrap_port: int | None = None
+
+    def spec(self, healthy: bool = False) -> InstanceSpec:
+        return InstanceSpec(id=self.id, model=self.engine.model_name, role=self.engine.role,
+                            engine=self.engine.kind, endpoints=[p.endpoint for p in self.processes],
+                            kv_events=self.kv_events, bootstrap_port=self.bootstrap_port,
+                            healthy=healthy)
+
+
+class Backend(Protocol):
+    def build(self, node: NodeConfig, engine: EngineConfig, index: int) -> InstancePlan: ...
+
+
+def instance_id(node: str, engine: str, index: int) -> str:
+    return f"{node}/{engine}/{index}"
+
+
+def process_name(node: str, engine: str, index: int, dp_rank: int, dp_size: int) -> str:
+    base = f"{node}-{engine}-{index}"
+    return base if dp_size == 1 else f"{base}-dp{dp_rank}"
+
+
+def endpoint(engine: EngineConfig, index: int, dp_rank: int) -> Endpoint:
+    """Instance ``index``, DP rank ``dp_rank`` listens on ``base_port + index*dp_size + dp_rank``."""
+    return Endpoint(host=engine.host, port=engine.base_port + index * engine.dp_size + dp_rank,
+                    dp_rank=dp_rank)
+
+
+def base_env(engine: EngineConfig, instance: str, dp_rank: int) -> dict[str, str]:
+    """Environment additions for every engine process (engine ``env`` wins)."""
+    env = {"PYTHONUNBUFFERED": "1", "MOTOR_INSTANCE_ID": instance, "MOTOR_DP_RANK": str(dp_rank)}
+    env.update(engine.env)
+    return env
+
+
+def full_env(additions: Mapping[str, str]) -> dict[str, str]:
+    """``os.environ`` + ``additions`` (what the process gets)."""
+    env = dict(os.environ)
+    env.update(additions)
+    return env
+
+
+def get_backend(kind: EngineKind | str) -> Backend:
+    import importlib
+    kind = EngineKind(kind)
+    try:
+        mod = importlib.import_module(f"motor.node_manager.engines.{kind.value}")
+    except ModuleNotFoundError as e:
+        if e.name != f"motor.node_manager.engines.{kind.value}":
+            raise
+        raise ConfigError(f"engine kind {kind.value!r} is not supported by this node manager yet") from None
+    return mod.BACKEND  # type: ignore[no-any-return]
+
+
+def plan_node(node: NodeConfig) -> list[InstancePlan]:
+    """Every instance of every engine group of ``node``, in config order."""
+    plans: list[InstancePlan] = []
+    for e in node.engines:
+        backend = get_backend(e.kind)
+        for i in range(e.count):
+            plans.append(backend.build(node, e, i))
+    return plans
+
+
+def launcher(engine: EngineConfig, default: Sequence[str]) -> list[str]:
+    return list(engine.launcher) if engine.launcher else list(default)

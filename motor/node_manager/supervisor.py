@@ -1,0 +1,356 @@
+"""Engine process supervision: process groups, log files, restarts with backoff, graceful stop.
+
+Each engine process runs in its own session / process group (``start_new_session=True``),
+stdout and stderr appended to ``<log_dir>/<name>.log`` (rotated by size when the engine
+(re)starts). On Linux the engine also gets ``PR_SET_PDEATHSIG=SIGKILL``, so a node manager
+killed with SIGKILL does not leave the engine's leader process behind.
+
+Restart policy (``EngineConfig.restart``): ``always`` restarts every exit, ``on-failure``
+every non-zero exit, ``never`` none. The n-th consecutive restart waits
+``min(backoff_initial_s * 2**(n-1), backoff_max_s)``; the count starts over once the engine
+was healthy. An engine that is not healthy within ``startup_timeout_s`` is stopped and counts
+as a failed start. After ``max_restarts`` restarts within ``window_s`` the supervisor gives
+up: the process is ``failed`` (reported unhealthy to the controller, error in the log).
+
+Stopping (and cleaning up after an engine that exited by itself): SIGTERM to the group ->
+wait up to ``stop_timeout_s`` for the leader to exit and the group to be empty -> SIGKILL
+to the group.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from motor.config.schema import EngineConfig, RestartPolicy
+from motor.http import Client
+from motor.node_manager.engines import ProcessSpec, full_env
+from motor.node_manager.health import HealthProbe
+
+logger = logging.getLogger(__name__)
+
+LOG_MAX_BYTES = 64 * 1024 * 1024
+LOG_BACKUPS = 3
+
+
+class ProcState(str, enum.Enum):
+    STARTING = "starting"   #: process running, not healthy yet
+    READY = "ready"         #: process running and healthy
+    UNHEALTHY = "unhealthy" #: was healthy, health probes fail now
+    BACKOFF = "backoff"     #: exited; waiting to restart
+    FAILED = "failed"       #: gave up (restart limit, policy), nothing runs
+    STOPPED = "stopped"     #: stopped by the node manager
+
+
+# ---------------------------------------------------------------- process groups
+def _pgrp_members(pgid: int) -> list[int] | None:
+    """Live (non-zombie) processes of group ``pgid`` from /proc, or None without /proc."""
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(b")") + 2:].split()
+        if len(rest) > 2 and int(rest[2]) == pgid and rest[0] != b"Z":
+            out.append(pid)
+    return out
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a live (non-zombie) member."""
+    members = _pgrp_members(pgid)
+    if members is not None:
+        return bool(members)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+async def terminate_group(proc: asyncio.subprocess.Process, timeout_s: float, name: str = "",
+                          poll_s: float = 0.05) -> int | None:
+    """SIGTERM the process group of ``proc`` -> ``timeout_s`` -> SIGKILL; returns the exit status.
+
+    Works when the leader already exited (leftover children of the group are cleaned up).
+    """
+    pgid = proc.pid  # leader of its own session: pgid == pid
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    signal_group(pgid, signal.SIGTERM)
+    if proc.returncode is None:
+        try:
+            await asyncio.wait_for(proc.wait(), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            pass
+    while group_alive(pgid) and loop.time() < deadline:
+        await asyncio.sleep(poll_s)
+    if proc.returncode is None or group_alive(pgid):
+        logger.warning("engine %s did not stop within %g s after SIGTERM: SIGKILL to its "
+                       "process group", name or pgid, timeout_s)
+        signal_group(pgid, signal.SIGKILL)
+    rc = await proc.wait()
+    # the group's last members may need a moment to die after SIGKILL
+    end = loop.time() + 5.0
+    while group_alive(pgid) and loop.time() < end:
+        await asyncio.sleep(poll_s)
+    return rc
+
+
+def _pdeathsig() -> None:  # pragma: no cover - runs in the child
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def rotate_log(path: str, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUPS) -> bool:
+    """Rotate ``path`` -> ``path.1`` ... ``path.<backups>`` when larger than ``max_bytes``."""
+    try:
+        if os.path.getsize(path) <= max_bytes:
+            return False
+    except OSError:
+        return False
+    for i in range(backups - 1, 0, -1):
+        src = f"{path}.{i}"
+        if os.path.exists(src):
+            os.replace(src, f"{path}.{i + 1}")
+    os.replace(path, f"{path}.1")
+    return True
+
+
+def backoff_delay(n: int, initial_s: float, max_s: float) -> float:
+    """Delay before the ``n``-th consecutive restart (n >= 1)."""
+    return min(initial_s * (2 ** max(0, n - 1)), max_s)
+
+
+class EngineProcess:
+    """Supervises one engine process (start, health, restart policy, stop).
+
+    Parameters
+    ----------
+    spec : ProcessSpec
+        argv / env / endpoint / log name.
+    engine : EngineConfig
+        restart policy, stop / startup timeouts, health interval / timeout.
+    log_dir : str
+    client : motor.http.Client
+        used for health probes.
+    on_change : callable
+        called (no argument) whenever :attr:`state` or health changes.
+    """
+
+    def __init__(self, spec: ProcessSpec, engine: EngineConfig, log_dir: str, client: Client,
+                 on_change: Callable[[], None] | None = None,
+                 log_max_bytes: int = LOG_MAX_BYTES, clock: Callable[[], float] = time.monotonic,
+                 ) -> None:
+        self.spec = spec
+        self.engine = engine
+        self.client = client
+        self.on_change = on_change
+        self.log_path = os.path.join(log_dir, f"{spec.name}.log")
+        self.log_max_bytes = log_max_bytes
+        self.clock = clock
+        self.state = ProcState.STOPPED
+        self.reason: str | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.probe: HealthProbe | None = None
+        self.restarts = 0
+        self.last_exit: int | None = None
+        self._restart_times: collections.deque[float] = collections.deque()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # ----------------------------------------------------------------- views
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def pid(self) -> int | None:
+        p = self.proc
+        return p.pid if p is not None and p.returncode is None else None
+
+    @property
+    def healthy(self) -> bool:
+        return self.state is ProcState.READY
+
+    @property
+    def failed(self) -> bool:
+        return self.state is ProcState.FAILED
+
+    def status(self) -> dict[str, object]:
+        return {"name": self.name, "state": self.state.value, "pid": self.pid,
+                "port": self.spec.endpoint.port, "restarts": self.restarts,
+                "last_exit": self.last_exit, "reason": self.reason, "log": self.log_path}
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Start supervising (returns at once)."""
+        if self._task is None:
+            self._stop.clear()
+            self._task = asyncio.create_task(self._run(), name=f"engine {self.name}")
+
+    async def stop(self) -> None:
+        """Stop the engine (SIGTERM -> stop_timeout_s -> SIGKILL of its group) and supervision."""
+        self._stop.set()
+        if self._task is not None:
+            try:
+                await self._task
+            finally:
+                self._task = None
+
+    def _set(self, state: ProcState, reason: str | None = None) -> None:
+        if state is self.state and reason == self.reason:
+            return
+        self.state = state
+        self.reason = reason
+        if self.on_change is not None:
+            self.on_change()
+
+    def _on_health(self, healthy: bool) -> None:
+        if self.state in (ProcState.STARTING, ProcState.READY, ProcState.UNHEALTHY):
+            if healthy:
+                self._set(ProcState.READY, None)
+            else:
+                err = self.probe.last_error if self.probe is not None else None
+                self._set(ProcState.UNHEALTHY, f"health probe failing: {err}")
+
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        rotate_log(self.log_path, self.log_max_bytes)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            header = (f"\n==== motor: starting {self.name} at "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(self.spec.argv)}\n")
+            os.write(fd, header.encode())
+            kwargs: dict[str, object] = {}
+            if sys.platform.startswith("linux"):
+                kwargs["preexec_fn"] = _pdeathsig
+            return await asyncio.create_subprocess_exec(
+                *self.spec.argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
+                env=full_env(self.spec.env), start_new_session=True, **kwargs)  # type: ignore[arg-type]
+        finally:
+            os.close(fd)
+
+    async def _run(self) -> None:
+        rcfg = self.engine.restart
+        consecutive = 0
+        stop_wait = asyncio.create_task(self._stop.wait())
+        try:
+            while not self._stop.is_set():
+                exit_reason, rc, was_healthy = await self._run_once(stop_wait)
+                if self._stop.is_set():
+                    break
+                self.last_exit = rc
+                if was_healthy:
+                    consecutive = 0
+                # decide whether to restart
+                if rcfg.policy is RestartPolicy.NEVER or (
+                        rcfg.policy is RestartPolicy.ON_FAILURE and rc == 0):
+                    logger.error("engine %s %s; restart policy %s: not restarting",
+                                 self.name, exit_reason, rcfg.policy.value)
+                    self._set(ProcState.FAILED, f"{exit_reason}; restart policy {rcfg.policy.value}")
+                    break
+                now = self.clock()
+                while self._restart_times and now - self._restart_times[0] > rcfg.window_s:
+                    self._restart_times.popleft()
+                if len(self._restart_times) >= rcfg.max_restarts:
+                    msg = (f"{exit_reason}; giving up after {len(self._restart_times)} restart(s) "
+                           f"within {rcfg.window_s:g} s")
+                    logger.error("engine %s %s (log: %s)", self.name, msg, self.log_path)
+                    self._set(ProcState.FAILED, msg)
+                    break
+                consecutive += 1
+                delay = backoff_delay(consecutive, rcfg.backoff_initial_s, rcfg.backoff_max_s)
+                logger.warning("engine %s %s; restarting in %.2f s (log: %s)",
+                               self.name, exit_reason, delay, self.log_path)
+                self._set(ProcState.BACKOFF, f"{exit_reason}; restarting in {delay:.2f} s")
+                try:
+                    await asyncio.wait_for(asyncio.shield(stop_wait), delay)
+                    break  # stop requested during backoff
+                except asyncio.TimeoutError:
+                    pass
+                self._restart_times.append(self.clock())
+                self.restarts += 1
+        finally:
+            stop_wait.cancel()
+            if self.state is not ProcState.FAILED or self._stop.is_set():
+                self._set(ProcState.STOPPED, "stopped by the node manager"
+                          if self._stop.is_set() else self.reason)
+
+    async def _run_once(self, stop_wait: asyncio.Task[bool]) -> tuple[str, int | None, bool]:
+        """Run the engine once; returns (why it ended, exit status, was it ever healthy)."""
+        try:
+            proc = await self._spawn()
+        except OSError as e:
+            return f"could not be started: {e}", None, False
+        self.proc = proc
+        logger.info("engine %s started: pid %d, port %d, log %s", self.name, proc.pid,
+                    self.spec.endpoint.port, self.log_path)
+        self._set(ProcState.STARTING, "engine starting")
+        ep = self.spec.endpoint
+        probe = self.probe = HealthProbe(
+            self.client, ep.host, ep.port, self.spec.health_path, self.engine.health_interval_s,
+            self.engine.health_timeout_s, on_change=self._on_health, name=self.name)
+        probe_task = asyncio.create_task(probe.run())
+        exit_wait = asyncio.create_task(proc.wait())
+        started = self.clock()
+        why = ""
+        try:
+            while True:
+                timeout = None
+                if not probe.ever_healthy:
+                    timeout = max(0.0, started + self.engine.startup_timeout_s - self.clock())
+                    timeout = min(timeout, 1.0)  # re-check ever_healthy now and then
+                await asyncio.wait({exit_wait, stop_wait}, timeout=timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if stop_wait.done():
+                    break
+                if exit_wait.done():
+                    rc = proc.returncode
+                    why = f"exited with status {rc}"
+                    break
+                if not probe.ever_healthy and \
+                        self.clock() - started >= self.engine.startup_timeout_s:
+                    why = f"not healthy within startup_timeout_s={self.engine.startup_timeout_s:g} s"
+                    logger.error("engine %s %s: stopping it", self.name, why)
+                    break
+        finally:
+            probe_task.cancel()
+            try:
+                await probe_task
+            except asyncio.CancelledError:
+                pass
+            # stop request, startup timeout, or leftovers of an engine that exited by itself
+            rc = await terminate_group(proc, self.engine.stop_timeout_s, self.name)
+            if not exit_wait.done():
+                exit_wait.cancel()
+            self.client.discard(ep.host, ep.port)
+        if self._stop.is_set():
+            logger.info("engine %s stopped (status %s)", self.name, rc)
+        return why, rc, probe.ever_healthy

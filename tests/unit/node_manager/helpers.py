@@ -1,0 +1,73 @@
+"""Shared helpers of the node-manager tests (ports, pids, bounded waits)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import sys
+import time
+from typing import Any, Callable, Coroutine
+
+import uvloop
+
+FAKE_ENGINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_engine.py")
+FAKE_LAUNCHER = [sys.executable, FAKE_ENGINE]
+
+
+def free_ports(n: int = 1) -> int:
+    """First of ``n`` consecutive free loopback ports."""
+    for _ in range(200):
+        base = random.randint(20000, 60000 - n)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+def pid_alive(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"
+
+
+def wait_until(pred: Callable[[], bool], timeout_s: float = 20.0, what: str = "") -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what or pred}")
+
+
+async def await_until(pred: Callable[[], bool], timeout_s: float = 20.0, what: str = "") -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what or pred}")
+
+
+def read_pid(path: str, timeout_s: float = 10.0) -> int:
+    wait_until(lambda: os.path.exists(path) and open(path).read().strip() != "", timeout_s, path)
+    return int(open(path).read())
+
+
+def run_uvloop(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run on uvloop, as the node manager does in production."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
+        return r.run(coro)

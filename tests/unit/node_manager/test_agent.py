@@ -1,0 +1,67 @@
+"""NodeAgent against an in-process controller: register, heartbeat, controller down / restarted."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from motor.config.schema import ControllerConfig, NodeConfig
+from motor.controller.server import ControllerServer
+from motor.node_manager.agent import NodeAgent
+from motor.protocol.instances import InstanceState as S
+
+from .helpers import FAKE_LAUNCHER, await_until, free_ports, run_uvloop
+
+
+def node_cfg(tmp: Path, count: int = 2) -> NodeConfig:
+    base = free_ports(count)
+    return NodeConfig(name="n1", log_dir=str(tmp / "logs"), engines=[dict(
+        name="fake", kind="sim", model="m", count=count, base_port=base, launcher=FAKE_LAUNCHER,
+        health_interval_s=0.05, stop_timeout_s=2,
+        restart={"backoff_initial_s": 0.05, "backoff_max_s": 0.2})])
+
+
+def states(srv: ControllerServer) -> dict[str, S]:
+    return {i.id: i.state for i in srv.registry.table().instances}
+
+
+def test_agent_lifecycle_with_controller_down_then_restarted(tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+
+    async def go() -> None:
+        cport = free_ports()
+        ccfg = ControllerConfig(port=cport, heartbeat_timeout_s=2, remove_after_s=5)
+        agent = NodeAgent(node_cfg(tmp_path), f"http://127.0.0.1:{cport}",
+                          heartbeat_interval_s=0.1, mgmt_port=0)
+        await agent.start()  # the controller is not up yet
+        await await_until(lambda: all(i.healthy for i in agent.instances), what="engines healthy")
+        assert not agent.registered
+        srv = ControllerServer(ccfg)
+        await srv.start(port=cport)
+        await await_until(lambda: states(srv) == {"n1/fake/0": S.READY, "n1/fake/1": S.READY},
+                          what="registered ready")
+        # controller restarts: empty registry -> known:false -> the agent registers again
+        await srv.stop()
+        srv = ControllerServer(ccfg)
+        await srv.start(port=cport)
+        await await_until(lambda: states(srv) == {"n1/fake/0": S.READY, "n1/fake/1": S.READY},
+                          what="registered again")
+        from motor.http import Client
+        c = Client()
+        st, body = await c.get_json_bytes("127.0.0.1", agent.mgmt_port or 0, "/v1/instances", 5)
+        assert st == 200 and b"n1/fake/0" in body
+        st, body = await c.get_json_bytes("127.0.0.1", agent.mgmt_port or 0, "/metrics", 5)
+        assert b'motor_node_engine_healthy{instance="n1/fake/0",process="n1-fake-0"} 1.0' in body
+        c.close()
+        pids = [p.pid for i in agent.instances for p in i.processes]
+        await agent.stop()
+        assert states(srv) == {}
+        assert all(p.pid is None for i in agent.instances for p in i.processes)
+        assert all(pid is not None for pid in pids)
+        await srv.stop()
+    run_uvloop(go())
+    outage_logs = [r for r in caplog.records if "logged once per outage" in r.getMessage()]
+    # once per outage: the start-up outage (the restart may or may not fall between two beats)
+    assert 1 <= len(outage_logs) <= 2

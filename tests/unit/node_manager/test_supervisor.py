@@ -1,0 +1,178 @@
+"""Engine supervision with a tiny fake engine: restart, give-up, SIGTERM->SIGKILL, no orphans."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from motor.config.schema import EngineConfig
+from motor.http import Client
+from motor.node_manager.engines import ProcessSpec
+from motor.node_manager.engines.sim import SimBackend
+from motor.node_manager.supervisor import (EngineProcess, ProcState, backoff_delay, group_alive,
+                                           rotate_log)
+from motor.protocol.instances import Endpoint
+
+from .helpers import FAKE_LAUNCHER, await_until, free_ports, pid_alive, read_pid, run_uvloop
+
+
+def make(tmp: Path, extra: list[str] | None = None, **kw: Any) -> tuple[EngineProcess, Client]:
+    port = free_ports()
+    restart = kw.pop("restart", {})
+    eng = EngineConfig(name="e", kind="sim", model="m", base_port=port, launcher=FAKE_LAUNCHER,
+                       health_interval_s=0.05, health_timeout_s=1.0, stop_timeout_s=kw.pop(
+                           "stop_timeout_s", 5.0),
+                       restart={"backoff_initial_s": 0.05, "backoff_max_s": 0.2, **restart}, **kw)
+    argv = SimBackend().argv(eng, 0, 0) + (extra or [])
+    spec = ProcessSpec(name="n-e-0", argv=argv, env={},
+                       endpoint=Endpoint(host="127.0.0.1", port=port))
+    client = Client()
+    return EngineProcess(spec, eng, str(tmp), client), client
+
+
+def test_backoff_delay() -> None:
+    assert [backoff_delay(n, 0.5, 3.0) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+def test_rotate_log(tmp_path: Path) -> None:
+    p = str(tmp_path / "x.log")
+    assert not rotate_log(p, 10)  # missing file
+    for i in range(5):
+        with open(p, "w") as f:
+            f.write(str(i) * 20)
+        assert rotate_log(p, 10, backups=3)
+    assert not os.path.exists(p)
+    assert [open(f"{p}.{i}").read()[0] for i in (1, 2, 3)] == ["4", "3", "2"]
+    assert not os.path.exists(f"{p}.4")
+
+
+def test_starts_healthy_and_stops(tmp_path: Path) -> None:
+    async def go() -> None:
+        ep, client = make(tmp_path)
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.READY, what="ready")
+        pid = ep.pid
+        assert pid is not None and pid_alive(pid)
+        await ep.stop()
+        assert ep.state is ProcState.STOPPED
+        assert not pid_alive(pid)
+        assert "==== motor: starting n-e-0" in open(ep.log_path).read()
+        client.close()
+    run_uvloop(go())
+
+
+def test_crash_restarts_then_gives_up(tmp_path: Path) -> None:
+    async def go() -> None:
+        ep, client = make(tmp_path, ["--exit-after", "0.2"],
+                          restart={"max_restarts": 2, "window_s": 300})
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.FAILED, 30, "give up")
+        assert ep.restarts == 2
+        assert ep.last_exit == 3
+        assert "giving up after 2 restart(s)" in (ep.reason or "")
+        assert open(ep.log_path).read().count("==== motor: starting") == 3
+        assert ep.pid is None
+        await ep.stop()
+        assert ep.state is ProcState.FAILED
+        client.close()
+    run_uvloop(go())
+
+
+def test_kill9_restarts_and_becomes_ready(tmp_path: Path) -> None:
+    async def go() -> None:
+        ep, client = make(tmp_path)
+        seen: list[ProcState] = []
+        ep.on_change = lambda: seen.append(ep.state)
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.READY, what="ready")
+        pid = ep.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await await_until(lambda: ep.restarts == 1 and ep.state is ProcState.READY, 20,
+                          "restart and ready")
+        assert ep.pid != pid
+        assert ProcState.BACKOFF in seen
+        assert ep.last_exit == -signal.SIGKILL
+        await ep.stop()
+        client.close()
+    run_uvloop(go())
+
+
+def test_policy_never_and_on_failure(tmp_path: Path) -> None:
+    async def go() -> None:
+        ep, client = make(tmp_path, ["--exit-after", "0.1"], restart={"policy": "never"})
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.FAILED, what="failed")
+        assert ep.restarts == 0 and "restart policy never" in (ep.reason or "")
+        await ep.stop()
+        client.close()
+        ep, client = make(tmp_path, ["--exit-after", "0.1", "--exit-status", "0"],
+                          restart={"policy": "on-failure"})
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.FAILED, what="failed")
+        assert ep.restarts == 0 and ep.last_exit == 0
+        await ep.stop()
+        client.close()
+    run_uvloop(go())
+
+
+def test_startup_timeout(tmp_path: Path) -> None:
+    async def go() -> None:
+        ep, client = make(tmp_path, ["--healthy-after", "1000"], startup_timeout_s=0.3,
+                          restart={"max_restarts": 0})
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.FAILED, what="failed")
+        assert "startup_timeout_s" in (ep.reason or "")
+        await ep.stop()
+        client.close()
+    run_uvloop(go())
+
+
+def test_sigterm_ignored_escalates_to_sigkill_no_orphans(tmp_path: Path) -> None:
+    async def go() -> None:
+        child_file = str(tmp_path / "child.pid")
+        ep, client = make(tmp_path, ["--ignore-sigterm", "--child-pid-file", child_file],
+                          stop_timeout_s=0.3)
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.READY, what="ready")
+        pid = ep.pid
+        child = read_pid(child_file)
+        assert pid is not None and pid_alive(child)
+        await ep.stop()
+        assert not pid_alive(pid) and not pid_alive(child)
+        assert not group_alive(pid)
+        client.close()
+    run_uvloop(go())
+
+
+def test_engine_exits_on_sigterm_but_its_child_does_not(tmp_path: Path) -> None:
+    async def go() -> None:
+        child_file = str(tmp_path / "child.pid")
+        ep, client = make(tmp_path, ["--child-pid-file", child_file], stop_timeout_s=0.3)
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.READY, what="ready")
+        child = read_pid(child_file)
+        await ep.stop()
+        assert not pid_alive(child)
+        client.close()
+    run_uvloop(go())
+
+
+def test_crash_leftover_children_are_killed_before_restart(tmp_path: Path) -> None:
+    async def go() -> None:
+        child_file = str(tmp_path / "child.pid")
+        ep, client = make(tmp_path, ["--child-pid-file", child_file], stop_timeout_s=0.3)
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.READY, what="ready")
+        child = read_pid(child_file)
+        os.remove(child_file)
+        os.kill(ep.pid or 0, signal.SIGKILL)
+        await await_until(lambda: ep.restarts == 1, what="restart")
+        assert not pid_alive(child)
+        child2 = read_pid(child_file)
+        await ep.stop()
+        assert not pid_alive(child2)
+        client.close()
+    run_uvloop(go())
