@@ -7,8 +7,9 @@ of ``engine_config`` to ``--kebab-case`` flags that all backends share:
 * keys are written ``--kebab-case`` whatever the spelling in the config (``max_model_len``,
   ``max-model-len`` and ``--max-model-len`` are the same key; giving two spellings of one key
   is an error);
-* ``True`` -> bare ``--flag``; ``False`` / ``None`` -> omitted (or ``--no-flag`` for keys the
-  backend declares negatable); either way it also drops a motor default of that key;
+* ``True`` -> bare ``--flag``; ``False`` / ``None`` -> omitted (``False`` -> ``--no-flag`` for
+  keys the backend declares negatable, or for all keys with ``negate_all=True``); either way
+  it also drops a motor default of that key;
 * lists / tuples -> ``--flag v1 v2 ...`` (``list_style="nargs"``) or ``--flag v1 --flag v2``
   (``"repeat"``); an empty list is omitted;
 * dicts -> one compact JSON argument;
@@ -72,8 +73,8 @@ def _scalar(v: Any) -> str:
 
 
 def engine_flags(user: Mapping[str, Any], *, managed: Pairs = (), defaults: Pairs = (),
-                 negatable: Iterable[str] = (), list_style: str = "nargs",
-                 where: str = "engine_config") -> list[str]:
+                 negatable: Iterable[str] = (), negate_all: bool = False,
+                 list_style: str = "nargs", where: str = "engine_config") -> list[str]:
     """Build ``managed + user + defaults`` flags (see the module docstring for the rules).
 
     Parameters
@@ -86,6 +87,9 @@ def engine_flags(user: Mapping[str, Any], *, managed: Pairs = (), defaults: Pair
         Motor defaults; dropped when the user set the key in any spelling.
     negatable : iterable of str
         Keys for which ``False`` renders ``--no-key`` (argparse ``BooleanOptionalAction``).
+    negate_all : bool
+        ``False`` renders ``--no-key`` for every key (the engine has ``--no-`` forms of all
+        its boolean flags, like ``motor sim``).
     list_style : "nargs" or "repeat"
     where : str
         Field path used in error messages.
@@ -98,6 +102,9 @@ def engine_flags(user: Mapping[str, Any], *, managed: Pairs = (), defaults: Pair
     if list_style not in ("nargs", "repeat"):
         raise ValueError(f"list_style must be 'nargs' or 'repeat', got {list_style!r}")
     neg = {flag_key(k) for k in negatable}
+
+    def is_neg(k: str) -> bool:
+        return negate_all or k in neg
     managed_l = [(flag_key(k), v) for k, v in _pairs(managed)]
     managed_keys = {k for k, _ in managed_l}
     seen: dict[str, str] = {}
@@ -115,15 +122,15 @@ def engine_flags(user: Mapping[str, Any], *, managed: Pairs = (), defaults: Pair
         user_l.append((k, v))
     out: list[str] = []
     for k, v in managed_l:
-        out += _render(k, v, negatable=k in neg, list_style=list_style)
+        out += _render(k, v, negatable=is_neg(k), list_style=list_style)
     for k, v in user_l:
-        out += _render(k, v, negatable=k in neg, list_style=list_style)
+        out += _render(k, v, negatable=is_neg(k), list_style=list_style)
     done = set(seen) | managed_keys
     for k, v in [(flag_key(k), v) for k, v in _pairs(defaults)]:
         if k in done:
             continue
         done.add(k)
-        out += _render(k, v, negatable=k in neg, list_style=list_style)
+        out += _render(k, v, negatable=is_neg(k), list_style=list_style)
     return out
 
 

@@ -5,6 +5,8 @@ argv of instance ``i``, DP rank ``r``::
     <launcher: python -m motor sim> --host H --port base_port+i*dp_size+r
         --model <served model name> --role <role> --dp-rank r  <engine_config flags>
 
+``engine_config`` booleans: ``true`` -> ``--flag``, ``false`` -> ``--no-flag`` (every boolean
+flag of ``motor sim`` has a ``--no-`` form, e.g. ``enable_prefix_caching: false``).
 ``engine.launcher`` replaces ``python -m motor sim`` (tests use a tiny fake engine there).
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ class SimBackend:
         managed = [("host", ep.host), ("port", ep.port), ("model", engine.model_name),
                    ("role", engine.role.value), ("dp-rank", dp_rank)]
         return launcher(engine, default_launcher()) + engine_flags(
-            engine.engine_config, managed=managed,
+            engine.engine_config, managed=managed, negate_all=True,
             where=f"engines[{engine.name}].engine_config")
 
     def build(self, node: NodeConfig, engine: EngineConfig, index: int) -> InstancePlan:

@@ -26,6 +26,7 @@ def test_booleans() -> None:
     assert engine_flags({"enable_prefix_caching": False},
                         negatable=["enable-prefix-caching"]) == ["--no-enable-prefix-caching"]
     assert engine_flags({"x": None}) == []
+    assert engine_flags({"a": False, "b": True, "c": None}, negate_all=True) == ["--no-a", "--b"]
 
 
 def test_lists_and_dicts() -> None:
@@ -83,7 +84,7 @@ def test_sim_argv_golden() -> None:
     assert plans[1].processes[0].argv == [
         py, "-m", "motor", "sim", "--host", "127.0.0.1", "--port", "18101",
         "--model", "motor-sim", "--role", "decode", "--dp-rank", "0",
-        "--time-scale", "0.5", "--fault", "crash", "--verbose"]
+        "--time-scale", "0.5", "--fault", "crash", "--verbose", "--no-quiet"]
     assert plans[1].processes[0].name == "node0-sim-1"
     spec = plans[1].spec()
     assert spec.model == "motor-sim" and spec.role.value == "decode" and not spec.healthy
