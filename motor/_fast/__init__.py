@@ -3,9 +3,15 @@
 See ``docs/fast.md`` for the algorithms, complexity and memory figures.
 """
 from motor._fast.hashing import HASH_ZERO_REMAP, block_hashes, block_hashes_into, hash_block
+from motor._fast.radix import N_TIERS, TIER_DEVICE, TIER_DISK, TIER_HOST, PrefixIndex
 
 __all__ = [
     "HASH_ZERO_REMAP",
+    "N_TIERS",
+    "PrefixIndex",
+    "TIER_DEVICE",
+    "TIER_DISK",
+    "TIER_HOST",
     "block_hashes",
     "block_hashes_into",
     "hash_block",

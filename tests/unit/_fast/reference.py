@@ -68,3 +68,123 @@ def block_hashes(tokens, block_size: int, parent: int = 0, extra: int = 0) -> li
         h = hash_block(h, tokens[k * block_size:(k + 1) * block_size], extra)
         out.append(h)
     return out
+
+
+# ---------------------------------------------------------------- radix
+
+TIER_DEVICE, TIER_HOST, TIER_DISK = 0, 1, 2
+N_TIERS = 3
+
+
+class PrefixIndex:
+    """Reference prefix index: dict block hash -> {instance: set(tiers)} + LRU dict."""
+
+    def __init__(self, max_instances: int = 256) -> None:
+        if not 1 <= max_instances <= 256:
+            raise ValueError(f"max_instances is expected to be in 1..256, got {max_instances}")
+        self.max_instances = max_instances
+        self.nodes: dict[int, dict[int, set[int]]] = {}
+        self.ts: dict[int, float] = {}  # insertion order == LRU order (oldest first)
+        self.last_store_time = -math.inf
+        self.n_orphan_stores = 0
+
+    # helpers
+    def _check(self, instance: int, tier: int | None = None) -> None:
+        if not 0 <= instance < self.max_instances:
+            raise ValueError(f"instance is expected to be in 0..{self.max_instances - 1}, "
+                             f"got {instance}")
+        if tier is not None and not 0 <= tier < N_TIERS:
+            raise ValueError(f"tier is expected to be 0 (device), 1 (host) or 2 (disk), got {tier}")
+
+    def _free(self, h: int) -> None:
+        del self.nodes[h]
+        del self.ts[h]
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def n_blocks(self) -> int:
+        return sum(len(ts) for holders in self.nodes.values() for ts in holders.values())
+
+    def instance_blocks(self, instance: int) -> int:
+        self._check(instance)
+        return sum(len(h.get(instance, ())) for h in self.nodes.values())
+
+    def store(self, instance, tier, parent_hash, block_hashes, now=0.0) -> int:
+        self._check(instance, tier)
+        hs = [int(h) for h in block_hashes]
+        if any(h == 0 for h in hs):
+            raise ValueError("block_hashes[k] is expected to be non-zero")
+        if parent_hash != 0 and instance not in self.nodes.get(parent_hash, {}):
+            self.n_orphan_stores += 1
+        self.last_store_time = max(self.last_store_time, now)
+        added = 0
+        for h in reversed(hs):
+            holders = self.nodes.setdefault(h, {})
+            self.ts.pop(h, None)
+            self.ts[h] = self.last_store_time
+            tiers = holders.setdefault(instance, set())
+            if tier not in tiers:
+                tiers.add(tier)
+                added += 1
+        return added
+
+    def remove(self, instance, tier, block_hashes) -> int:
+        self._check(instance, tier)
+        removed = 0
+        for h in (int(x) for x in block_hashes):
+            holders = self.nodes.get(h)
+            if holders is None or tier not in holders.get(instance, ()):
+                continue
+            holders[instance].discard(tier)
+            removed += 1
+            if not holders[instance]:
+                del holders[instance]
+            if not holders:
+                self._free(h)
+        return removed
+
+    def clear(self, instance) -> int:
+        self._check(instance)
+        removed = 0
+        for h in list(self.nodes):
+            tiers = self.nodes[h].pop(instance, None)
+            if tiers:
+                removed += len(tiers)
+            if not self.nodes[h]:
+                self._free(h)
+        return removed
+
+    def evict_older_than(self, cutoff) -> int:
+        victims = [h for h, t in self.ts.items() if t < cutoff]
+        for h in victims:
+            self._free(h)
+        return len(victims)
+
+    def evict_to_cap(self, max_nodes) -> int:
+        if max_nodes < 0:
+            raise ValueError(f"max_nodes is expected to be >= 0, got {max_nodes}")
+        count = 0
+        while len(self.nodes) > max_nodes:
+            self._free(next(iter(self.ts)))
+            count += 1
+        return count
+
+    def match(self, block_hashes) -> list[list[int]]:
+        """out[i][t] = blocks of i's leading any-tier run whose fastest tier is t."""
+        out = [[0] * N_TIERS for _ in range(self.max_instances)]
+        for i in range(self.max_instances):
+            for h in (int(x) for x in block_hashes):
+                tiers = self.nodes.get(h, {}).get(i)
+                if not tiers:
+                    break
+                out[i][min(tiers)] += 1
+        return out
+
+    def holders(self, block_hash) -> list[tuple[int, int]]:
+        return sorted((i, t) for i, ts in self.nodes.get(block_hash, {}).items() for t in ts)
+
+    def lru_hashes(self) -> list[int]:
+        return list(self.ts)

@@ -1,0 +1,79 @@
+# cython: language_level=3
+"""Typed layout of ``motor._fast.radix.PrefixIndex`` (see radix.pyx, docs/fast.md)."""
+from libc.stdint cimport uint32_t, uint64_t, int32_t, int64_t
+
+
+cdef enum Tier:
+    TIER_DEVICE = 0   # accelerator memory (HBM)
+    TIER_HOST = 1     # host DRAM (CPU offload)
+    TIER_DISK = 2     # local disk / remote store
+
+
+cdef enum:
+    N_TIERS = 3
+    # Layout: per node, per 64-instance word w, four masks [any, device, host, disk].
+    RADIX_MASKS_PER_WORD = 4
+    RADIX_MAX_WORDS = 4            # max_instances <= 256
+    RADIX_MAX_INSTANCES = 256
+    RADIX_INITIAL_NODES = 1024     # node capacity at construction and shrink floor
+    RADIX_SLOTS_PER_NODE = 2       # hash-table slots per node slot (load <= 0.5)
+    RADIX_PREFETCH_SLOTS = 32      # match: blocks ahead whose table slot is prefetched
+    RADIX_PREFETCH_NODES = 16       # match: blocks ahead whose node masks are prefetched
+
+
+cdef struct RadixSlot:
+    uint64_t key     # block hash, 0 = empty slot
+    uint32_t node    # node id
+    uint32_t _pad
+
+
+cdef class PrefixIndex:
+    cdef readonly int max_instances
+    cdef int _nwords                 # 64-instance words per mask
+    cdef int _stride                 # uint64 words per node in _bits (4 * _nwords)
+    cdef uint64_t _last_word_mask    # valid instances in the last word
+
+    # open-addressing table (linear probing, backward-shift delete)
+    cdef RadixSlot *_slots
+    cdef uint64_t _slot_mask
+    cdef int _slot_shift
+
+    # node pool (struct of arrays, ids 0.._node_cap-1)
+    cdef uint32_t _node_cap
+    cdef uint64_t *_keys             # 0 = free node
+    cdef uint64_t *_bits             # _stride words per node
+    cdef double *_ts                 # last store time (clamped non-decreasing)
+    cdef uint32_t *_prev             # LRU list (head = oldest); free list via _next
+    cdef uint32_t *_next
+    cdef uint32_t _lru_head
+    cdef uint32_t _lru_tail
+    cdef uint32_t _free_head
+
+    cdef int64_t *_inst_blocks       # holdings per instance
+    cdef int32_t *_seg_start         # match scratch, per instance
+
+    cdef readonly int64_t n_nodes
+    cdef readonly int64_t n_blocks
+    cdef readonly int64_t n_orphan_stores
+    cdef readonly double last_store_time
+    cdef readonly int64_t _debug_rebuilds
+    cdef readonly int64_t _debug_checks
+
+    cdef void _free_all(self) noexcept
+    cdef void _free_all_nodes_only(self) noexcept
+    cdef int _check_instance(self, int instance) except -1
+    cdef int32_t *_check_out(self, object out) except NULL
+    cdef Py_ssize_t _match(self, object block_hashes, object out) except -1
+    cdef int _resize(self, uint32_t node_cap) except -1
+    cdef uint32_t _find(self, uint64_t key) noexcept nogil
+    cdef void _table_insert(self, uint64_t key, uint32_t node) noexcept nogil
+    cdef void _table_delete(self, uint64_t key) noexcept nogil
+    cdef uint32_t _alloc_node(self, uint64_t key) except? 0xFFFFFFFF
+    cdef void _free_node(self, uint32_t node) noexcept nogil
+    cdef void _lru_unlink(self, uint32_t node) noexcept nogil
+    cdef void _lru_push_tail(self, uint32_t node) noexcept nogil
+    cdef int64_t _drop_node_holdings(self, uint32_t node) noexcept nogil
+    cdef int _maybe_shrink(self) except -1
+    cdef int _debug_check(self) except -1
+    cdef Py_ssize_t match_ptr(self, const uint64_t *hashes, Py_ssize_t n,
+                              int32_t *out) noexcept nogil

@@ -1,0 +1,909 @@
+# cython: language_level=3
+"""Prefix index over chained block hashes, for many instances and storage tiers.
+
+A block hash (``motor._fast.hashing``) already encodes its whole prefix, so the
+index is a *flattened* radix tree: one node per distinct block hash, found in an
+open-addressing hash table, holding a bitset of (instance, tier) holders. Parent
+links and holder-less path nodes are not needed: :meth:`PrefixIndex.match` walks
+the query's own hashes, and a node is freed as soon as its last holder goes.
+
+Match semantics (exact): for instance ``i`` let ``R_i`` be the largest ``k`` such
+that ``i`` holds each of the query's blocks ``0 .. k-1`` in at least one tier. Then
+``out[i, t]`` is the number of those ``R_i`` leading blocks whose *fastest* tier
+held by ``i`` is ``t`` (TIER_DEVICE < TIER_HOST < TIER_DISK), so
+``out[i].sum() == R_i``. A block that ``i`` holds after a gap does not count.
+
+Complexity: store / remove O(blocks) expected; match O(R) where R = max_i R_i
+(+ O(changes) when holders or tiers change along the prefix); clear O(nodes);
+eviction O(evicted). Memory: see :attr:`PrefixIndex.memory_bytes` and docs/fast.md.
+"""
+from libc.stdint cimport uint32_t, uint64_t, int32_t, int64_t
+from libc.stdlib cimport malloc, calloc, free
+from libc.string cimport memset, memcpy
+from cpython.buffer cimport PyBuffer_Release
+
+cimport numpy as cnp
+import numpy as np
+
+from motor._fast._common cimport (mf_get_uint_buffer, MF_BUF_NOT_CONTIGUOUS, MOTOR_DEBUG,
+                                  mf_prefetch, mf_popcount64, mf_ctz64, mf_likely,
+                                  mf_unlikely)
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    #include <stdlib.h>
+    #define RADIX_NO_NODE 0xFFFFFFFFu
+    #define RADIX_HOME_MUL 0x9E3779B97F4A7C15ULL
+    #include <string.h>
+    #if defined(__linux__)
+    #include <sys/mman.h>
+    #endif
+    /* Zeroed, 64-byte aligned; arrays of >= 2 MiB are 2 MiB aligned and asked to
+       use transparent huge pages, which cuts TLB misses in match on big tables. */
+    static inline void *radix_aligned_calloc(size_t n) {
+        void *p = NULL;
+        size_t align = 64;
+        if (n == 0) n = 64;
+        if (n >= ((size_t)2 << 20)) align = (size_t)2 << 20;
+        if (posix_memalign(&p, align, n) != 0) return NULL;
+    #if defined(__linux__) && defined(MADV_HUGEPAGE)
+        if (align > 64) (void)madvise(p, n, MADV_HUGEPAGE);
+    #endif
+        memset(p, 0, n);
+        return p;
+    }
+    """
+    const uint32_t RADIX_NO_NODE
+    const uint64_t RADIX_HOME_MUL
+    void *radix_aligned_calloc(size_t n) nogil
+
+#: True when compiled with ``-DMOTOR_DEBUG=1``.
+DEBUG = bool(MOTOR_DEBUG)
+# Tier constants as plain Python ints (the C names are the cdef enum in radix.pxd).
+globals().update({"TIER_DEVICE": <int>TIER_DEVICE, "TIER_HOST": <int>TIER_HOST,
+                  "TIER_DISK": <int>TIER_DISK, "N_TIERS": <int>N_TIERS})
+
+cdef object _np_zeros = np.zeros
+cdef object _np_int32 = np.int32
+cdef object _np_uint64 = np.uint64
+cdef object _np_array = np.array
+cdef object _np_ascontiguousarray = np.ascontiguousarray
+
+cdef inline uint64_t _home(uint64_t key, int shift) noexcept nogil:
+    return (key * RADIX_HOME_MUL) >> shift
+
+
+cdef int _get_hashes(object obj, Py_buffer *view, str name) except -1:
+    """1-D contiguous uint64 view of ``obj`` (list/tuple converted, strided copied)."""
+    if isinstance(obj, (list, tuple)):
+        obj = _np_array(obj, dtype=_np_uint64)
+    if mf_get_uint_buffer(obj, view, 8, name) == MF_BUF_NOT_CONTIGUOUS:
+        obj = _np_ascontiguousarray(obj)
+        mf_get_uint_buffer(obj, view, 8, name)
+    return 0
+
+
+cdef class PrefixIndex:
+    """Which instances hold which leading blocks of a prompt, per storage tier.
+
+    Parameters
+    ----------
+    max_instances : int, optional
+        Number of instance slots, 1..256 (default 256). Instances are small ints
+        ``0 .. max_instances-1`` (the caller maps endpoints / DP ranks to slots).
+        Memory per node grows with ``ceil(max_instances / 64)``.
+
+    Notes
+    -----
+    Not thread-safe; the GIL is held throughout every method. Timestamps passed
+    to :meth:`store` are clamped to be non-decreasing (``max`` of all seen), so
+    the eviction order (least recently stored first) and ``ts`` agree. Within one
+    :meth:`store` call the deepest block counts as least recent, so eviction
+    removes a prefix from its tail end first.
+    """
+
+    def __cinit__(self):
+        self._slots = NULL
+        self._keys = NULL
+        self._bits = NULL
+        self._ts = NULL
+        self._prev = NULL
+        self._next = NULL
+        self._inst_blocks = NULL
+        self._seg_start = NULL
+        self._node_cap = 0
+        self._lru_head = RADIX_NO_NODE
+        self._lru_tail = RADIX_NO_NODE
+        self._free_head = RADIX_NO_NODE
+
+    def __init__(self, int max_instances=256):
+        if max_instances < 1 or max_instances > RADIX_MAX_INSTANCES:
+            raise ValueError(f"max_instances is expected to be in 1..{RADIX_MAX_INSTANCES}, "
+                             f"got {max_instances}")
+        self._free_all()
+        self.max_instances = max_instances
+        self._nwords = (max_instances + 63) // 64
+        self._stride = RADIX_MASKS_PER_WORD * self._nwords
+        if max_instances % 64 == 0:
+            self._last_word_mask = ~(<uint64_t>0)
+        else:
+            self._last_word_mask = ((<uint64_t>1) << (max_instances % 64)) - 1
+        self._inst_blocks = <int64_t *>calloc(max_instances, sizeof(int64_t))
+        self._seg_start = <int32_t *>calloc(max_instances, sizeof(int32_t))
+        if self._inst_blocks == NULL or self._seg_start == NULL:
+            self._free_all()
+            raise MemoryError()
+        self.n_nodes = 0
+        self.n_blocks = 0
+        self.n_orphan_stores = 0
+        self.last_store_time = float("-inf")
+        self._lru_head = RADIX_NO_NODE
+        self._lru_tail = RADIX_NO_NODE
+        self._free_head = RADIX_NO_NODE
+        self._resize(RADIX_INITIAL_NODES)
+        self._debug_rebuilds = 0
+
+    def __dealloc__(self):
+        self._free_all()
+
+    cdef void _free_all(self) noexcept:
+        free(self._slots); self._slots = NULL
+        free(self._keys); self._keys = NULL
+        free(self._bits); self._bits = NULL
+        free(self._ts); self._ts = NULL
+        free(self._prev); self._prev = NULL
+        free(self._next); self._next = NULL
+        free(self._inst_blocks); self._inst_blocks = NULL
+        free(self._seg_start); self._seg_start = NULL
+        self._node_cap = 0
+
+    # ------------------------------------------------------------ storage
+
+    cdef int _resize(self, uint32_t node_cap) except -1:
+        """Rebuild node arrays and table with ``node_cap`` nodes, compacting live
+        nodes to ids 0..n-1 in LRU order. Old state is kept on MemoryError."""
+        cdef uint64_t slot_cap = <uint64_t>node_cap * RADIX_SLOTS_PER_NODE
+        cdef int shift = 64
+        cdef uint64_t c = slot_cap
+        cdef RadixSlot *slots
+        cdef uint64_t *keys
+        cdef uint64_t *bits
+        cdef double *ts
+        cdef uint32_t *prev
+        cdef uint32_t *nxt
+        cdef uint32_t n = 0, node, i
+        cdef int stride = self._stride
+        if node_cap < <uint64_t>self.n_nodes or node_cap >= RADIX_NO_NODE:
+            raise MemoryError(f"PrefixIndex cannot hold {node_cap} nodes")
+        while c > 1:
+            c >>= 1
+            shift -= 1
+        slots = <RadixSlot *>radix_aligned_calloc(slot_cap * sizeof(RadixSlot))
+        keys = <uint64_t *>radix_aligned_calloc(node_cap * sizeof(uint64_t))
+        bits = <uint64_t *>radix_aligned_calloc(<size_t>node_cap * stride * sizeof(uint64_t))
+        ts = <double *>radix_aligned_calloc(node_cap * sizeof(double))
+        prev = <uint32_t *>radix_aligned_calloc(node_cap * sizeof(uint32_t))
+        nxt = <uint32_t *>radix_aligned_calloc(node_cap * sizeof(uint32_t))
+        if (slots == NULL or keys == NULL or bits == NULL or ts == NULL or prev == NULL
+                or nxt == NULL):
+            free(slots); free(keys); free(bits); free(ts); free(prev); free(nxt)
+            raise MemoryError()
+        node = self._lru_head
+        while node != RADIX_NO_NODE:
+            keys[n] = self._keys[node]
+            memcpy(bits + <size_t>n * stride, self._bits + <size_t>node * stride,
+                   stride * sizeof(uint64_t))
+            ts[n] = self._ts[node]
+            prev[n] = n - 1 if n > 0 else RADIX_NO_NODE
+            nxt[n] = n + 1
+            n += 1
+            node = self._next[node]
+        if n > 0:
+            nxt[n - 1] = RADIX_NO_NODE
+        for i in range(n, node_cap):
+            keys[i] = 0
+            nxt[i] = i + 1 if i + 1 < node_cap else RADIX_NO_NODE
+        self._free_all_nodes_only()
+        self._slots = slots
+        self._keys = keys
+        self._bits = bits
+        self._ts = ts
+        self._prev = prev
+        self._next = nxt
+        self._node_cap = node_cap
+        self._slot_mask = slot_cap - 1
+        self._slot_shift = shift
+        self._lru_head = 0 if n > 0 else RADIX_NO_NODE
+        self._lru_tail = n - 1 if n > 0 else RADIX_NO_NODE
+        self._free_head = n if n < node_cap else RADIX_NO_NODE
+        for i in range(n):
+            self._table_insert(keys[i], i)
+        self._debug_rebuilds += 1
+        return 0
+
+    cdef void _free_all_nodes_only(self) noexcept:
+        free(self._slots); self._slots = NULL
+        free(self._keys); self._keys = NULL
+        free(self._bits); self._bits = NULL
+        free(self._ts); self._ts = NULL
+        free(self._prev); self._prev = NULL
+        free(self._next); self._next = NULL
+
+    cdef uint32_t _find(self, uint64_t key) noexcept nogil:
+        cdef uint64_t i
+        cdef RadixSlot *s
+        if mf_unlikely(key == 0):
+            return RADIX_NO_NODE
+        i = _home(key, self._slot_shift)
+        while True:
+            s = &self._slots[i]
+            if s.key == key:
+                return s.node
+            if s.key == 0:
+                return RADIX_NO_NODE
+            i = (i + 1) & self._slot_mask
+
+    cdef void _table_insert(self, uint64_t key, uint32_t node) noexcept nogil:
+        cdef uint64_t i = _home(key, self._slot_shift)
+        while self._slots[i].key != 0:
+            i = (i + 1) & self._slot_mask
+        self._slots[i].key = key
+        self._slots[i].node = node
+
+    cdef void _table_delete(self, uint64_t key) noexcept nogil:
+        """Remove ``key`` (present) with backward-shift deletion: no tombstones."""
+        cdef uint64_t mask = self._slot_mask
+        cdef uint64_t i = _home(key, self._slot_shift)
+        cdef uint64_t j, k
+        while self._slots[i].key != key:
+            i = (i + 1) & mask
+        j = i
+        while True:
+            j = (j + 1) & mask
+            if self._slots[j].key == 0:
+                break
+            k = _home(self._slots[j].key, self._slot_shift)
+            # Move slot j into the hole at i if i lies on j's probe path [k, j].
+            if ((j - k) & mask) >= ((j - i) & mask):
+                self._slots[i] = self._slots[j]
+                i = j
+        self._slots[i].key = 0
+        self._slots[i].node = 0
+
+    cdef void _lru_unlink(self, uint32_t node) noexcept nogil:
+        cdef uint32_t p = self._prev[node], q = self._next[node]
+        if p != RADIX_NO_NODE:
+            self._next[p] = q
+        else:
+            self._lru_head = q
+        if q != RADIX_NO_NODE:
+            self._prev[q] = p
+        else:
+            self._lru_tail = p
+
+    cdef void _lru_push_tail(self, uint32_t node) noexcept nogil:
+        self._prev[node] = self._lru_tail
+        self._next[node] = RADIX_NO_NODE
+        if self._lru_tail != RADIX_NO_NODE:
+            self._next[self._lru_tail] = node
+        else:
+            self._lru_head = node
+        self._lru_tail = node
+
+    cdef uint32_t _alloc_node(self, uint64_t key) except? 0xFFFFFFFF:
+        cdef uint32_t node
+        if self._free_head == RADIX_NO_NODE:
+            self._resize(self._node_cap * 2)
+        node = self._free_head
+        self._free_head = self._next[node]
+        self._keys[node] = key
+        memset(self._bits + <size_t>node * self._stride, 0, self._stride * sizeof(uint64_t))
+        self._lru_push_tail(node)
+        self._table_insert(key, node)
+        self.n_nodes += 1
+        return node
+
+    cdef void _free_node(self, uint32_t node) noexcept nogil:
+        self._table_delete(self._keys[node])
+        self._lru_unlink(node)
+        self._keys[node] = 0
+        self._prev[node] = RADIX_NO_NODE
+        self._next[node] = self._free_head
+        self._free_head = node
+        self.n_nodes -= 1
+
+    cdef int64_t _drop_node_holdings(self, uint32_t node) noexcept nogil:
+        """Clear every holder of ``node``; return the holdings removed."""
+        cdef uint64_t *b = self._bits + <size_t>node * self._stride
+        cdef uint64_t m
+        cdef int w, t
+        cdef int64_t removed = 0
+        for w in range(self._nwords):
+            for t in range(1, 4):
+                m = b[4 * w + t]
+                while m:
+                    self._inst_blocks[w * 64 + mf_ctz64(m)] -= 1
+                    removed += 1
+                    m &= m - 1
+                b[4 * w + t] = 0
+            b[4 * w] = 0
+        self.n_blocks -= removed
+        return removed
+
+    cdef int _maybe_shrink(self) except -1:
+        cdef uint32_t cap
+        if (self._node_cap > RADIX_INITIAL_NODES
+                and <uint64_t>self.n_nodes * 4 < self._node_cap):
+            cap = RADIX_INITIAL_NODES
+            while cap < <uint64_t>self.n_nodes * 2:
+                cap *= 2
+            if cap < self._node_cap:
+                self._resize(cap)
+        return 0
+
+    cdef int _debug_check(self) except -1:
+        self._debug_checks += 1
+        if self.n_nodes < 0 or self.n_blocks < 0 or self.n_nodes > self._node_cap:
+            raise AssertionError(f"PrefixIndex counters out of range: n_nodes={self.n_nodes} "
+                                 f"n_blocks={self.n_blocks} node_cap={self._node_cap}")
+        if (self.n_nodes == 0) != (self._lru_head == RADIX_NO_NODE):
+            raise AssertionError("PrefixIndex LRU head disagrees with n_nodes")
+        return 0
+
+    # ------------------------------------------------------------ checks
+
+    cdef int _check_instance(self, int instance) except -1:
+        if instance < 0 or instance >= self.max_instances:
+            raise ValueError(f"instance is expected to be in 0..{self.max_instances - 1}, "
+                             f"got {instance}")
+        return 0
+
+    # ------------------------------------------------------------ API
+
+    def store(self, int instance, int tier, uint64_t parent_hash, block_hashes,
+              double now=0.0):
+        """Record that ``instance`` holds ``block_hashes`` at ``tier``.
+
+        Parameters
+        ----------
+        instance : int
+            Instance slot, 0 .. max_instances-1.
+        tier : int
+            TIER_DEVICE (0), TIER_HOST (1) or TIER_DISK (2).
+        parent_hash : int
+            Hash of the block before ``block_hashes[0]``; 0 = root. Not needed for
+            matching (hashes are chained); a non-zero parent that this instance
+            does not hold counts in :attr:`n_orphan_stores` (hash-scheme mismatch
+            or lost events show up there).
+        block_hashes : 1-D buffer of uint64, length n (list of ints accepted)
+            Block hashes, each chained to the previous one. 0 is not allowed.
+        now : float, optional
+            Store time in seconds (any monotonic clock), for :meth:`evict_older_than`
+            and :meth:`evict_to_cap`. Clamped to be non-decreasing.
+
+        Returns
+        -------
+        int
+            Number of new (instance, tier, block) holdings (already-held ones are
+            refreshed, not counted).
+
+        Raises
+        ------
+        ValueError
+            Bad instance or tier, or a block hash equal to 0 (nothing is stored).
+        TypeError
+            ``block_hashes`` is not a uint64 buffer.
+        """
+        cdef Py_buffer view
+        cdef const uint64_t *h
+        cdef Py_ssize_t n, k
+        cdef uint32_t node
+        cdef uint64_t bit
+        cdef uint64_t *b
+        cdef int w
+        cdef int64_t added = 0
+        cdef double ts
+        self._check_instance(instance)
+        if tier < 0 or tier >= N_TIERS:
+            raise ValueError(f"tier is expected to be 0 (device), 1 (host) or 2 (disk), "
+                             f"got {tier}")
+        _get_hashes(block_hashes, &view, "block_hashes")
+        try:
+            h = <const uint64_t *>view.buf
+            n = view.shape[0]
+            for k in range(n):
+                if h[k] == 0:
+                    raise ValueError(f"block_hashes[{k}] is expected to be non-zero "
+                                     f"(0 is the root sentinel), got 0")
+            w = instance >> 6
+            bit = (<uint64_t>1) << (instance & 63)
+            if parent_hash != 0:
+                node = self._find(parent_hash)
+                if (node == RADIX_NO_NODE or
+                        not (self._bits[<size_t>node * self._stride + 4 * w] & bit)):
+                    self.n_orphan_stores += 1
+            if now > self.last_store_time:
+                self.last_store_time = now
+            ts = self.last_store_time
+            # Deepest block first: after this loop the LRU order is leaf .. root,
+            # so eviction trims prefixes from their tail end.
+            for k in range(n - 1, -1, -1):
+                node = self._find(h[k])
+                if node == RADIX_NO_NODE:
+                    node = self._alloc_node(h[k])
+                elif node != self._lru_tail:
+                    self._lru_unlink(node)
+                    self._lru_push_tail(node)
+                self._ts[node] = ts
+                b = self._bits + <size_t>node * self._stride + 4 * w
+                if not (b[1 + tier] & bit):
+                    b[1 + tier] |= bit
+                    b[0] |= bit
+                    added += 1
+            self.n_blocks += added
+            self._inst_blocks[instance] += added
+        finally:
+            PyBuffer_Release(&view)
+        if MOTOR_DEBUG:
+            self._debug_check()
+        return added
+
+    def remove(self, int instance, int tier, block_hashes):
+        """Forget that ``instance`` holds ``block_hashes`` at ``tier``.
+
+        Blocks not held are skipped. A node left with no holder at any tier is
+        freed at once (its hash-table slot, LRU entry and masks).
+
+        Parameters
+        ----------
+        instance : int
+            Instance slot, 0 .. max_instances-1.
+        tier : int
+            TIER_DEVICE, TIER_HOST or TIER_DISK.
+        block_hashes : 1-D buffer of uint64 (list of ints accepted)
+
+        Returns
+        -------
+        int
+            Number of holdings removed.
+
+        Raises
+        ------
+        ValueError
+            Bad instance or tier.
+        TypeError
+            ``block_hashes`` is not a uint64 buffer.
+        """
+        cdef Py_buffer view
+        cdef const uint64_t *h
+        cdef Py_ssize_t n, k
+        cdef uint32_t node
+        cdef uint64_t bit, any_left
+        cdef uint64_t *nb
+        cdef uint64_t *b
+        cdef int w, ww
+        cdef int64_t removed = 0
+        self._check_instance(instance)
+        if tier < 0 or tier >= N_TIERS:
+            raise ValueError(f"tier is expected to be 0 (device), 1 (host) or 2 (disk), "
+                             f"got {tier}")
+        _get_hashes(block_hashes, &view, "block_hashes")
+        try:
+            h = <const uint64_t *>view.buf
+            n = view.shape[0]
+            w = instance >> 6
+            bit = (<uint64_t>1) << (instance & 63)
+            for k in range(n):
+                node = self._find(h[k])
+                if node == RADIX_NO_NODE:
+                    continue
+                nb = self._bits + <size_t>node * self._stride
+                b = nb + 4 * w
+                if not (b[1 + tier] & bit):
+                    continue
+                b[1 + tier] &= ~bit
+                removed += 1
+                if not ((b[1] | b[2] | b[3]) & bit):
+                    b[0] &= ~bit
+                    any_left = 0
+                    for ww in range(self._nwords):
+                        any_left |= nb[4 * ww]
+                    if any_left == 0:
+                        self._free_node(node)
+            self.n_blocks -= removed
+            self._inst_blocks[instance] -= removed
+        finally:
+            PyBuffer_Release(&view)
+        self._maybe_shrink()
+        if MOTOR_DEBUG:
+            self._debug_check()
+        return removed
+
+    def clear(self, int instance):
+        """Forget every block of ``instance`` at every tier (the instance left).
+
+        O(nodes): scans all nodes. Nodes left without holders are freed and the
+        tables shrink when they fall below a quarter full.
+
+        Returns
+        -------
+        int
+            Number of holdings removed.
+
+        Raises
+        ------
+        ValueError
+            Bad instance.
+        """
+        cdef uint32_t node
+        cdef uint64_t bit, any_left
+        cdef uint64_t *nb
+        cdef uint64_t *b
+        cdef int w, ww, t
+        cdef int64_t removed = 0
+        self._check_instance(instance)
+        w = instance >> 6
+        bit = (<uint64_t>1) << (instance & 63)
+        for node in range(self._node_cap):
+            if self._keys[node] == 0:
+                continue
+            nb = self._bits + <size_t>node * self._stride
+            b = nb + 4 * w
+            if not (b[0] & bit):
+                continue
+            for t in range(1, 4):
+                if b[t] & bit:
+                    removed += 1
+                    b[t] &= ~bit
+            b[0] &= ~bit
+            any_left = 0
+            for ww in range(self._nwords):
+                any_left |= nb[4 * ww]
+            if any_left == 0:
+                self._free_node(node)
+        self.n_blocks -= removed
+        self._inst_blocks[instance] -= removed
+        self._maybe_shrink()
+        if MOTOR_DEBUG:
+            self._debug_check()
+        return removed
+
+    def evict_older_than(self, double cutoff):
+        """Drop every node last stored before ``cutoff`` (all its holders).
+
+        Parameters
+        ----------
+        cutoff : float
+            Same clock as ``store(..., now=)``; nodes with time < cutoff go.
+
+        Returns
+        -------
+        int
+            Number of nodes evicted.
+        """
+        cdef int64_t count = 0
+        cdef uint32_t node
+        while self._lru_head != RADIX_NO_NODE and self._ts[self._lru_head] < cutoff:
+            node = self._lru_head
+            self._drop_node_holdings(node)
+            self._free_node(node)
+            count += 1
+        self._maybe_shrink()
+        if MOTOR_DEBUG:
+            self._debug_check()
+        return count
+
+    def evict_to_cap(self, int64_t max_nodes):
+        """Drop least recently stored nodes until at most ``max_nodes`` remain.
+
+        Parameters
+        ----------
+        max_nodes : int
+            Cap on distinct block hashes (:attr:`n_nodes`), >= 0.
+
+        Returns
+        -------
+        int
+            Number of nodes evicted.
+
+        Raises
+        ------
+        ValueError
+            ``max_nodes < 0``.
+        """
+        cdef int64_t count = 0
+        cdef uint32_t node
+        if max_nodes < 0:
+            raise ValueError(f"max_nodes is expected to be >= 0, got {max_nodes}")
+        while self.n_nodes > max_nodes:
+            node = self._lru_head
+            self._drop_node_holdings(node)
+            self._free_node(node)
+            count += 1
+        self._maybe_shrink()
+        if MOTOR_DEBUG:
+            self._debug_check()
+        return count
+
+    cdef Py_ssize_t match_ptr(self, const uint64_t *q, Py_ssize_t n,
+                              int32_t *out) noexcept nogil:
+        """Core of :meth:`match`: ``out`` (int32[max_instances * 3], zeroed) gets
+        the per-tier counts; returns max_i R_i."""
+        cdef uint64_t active[RADIX_MAX_WORDS]
+        cdef uint64_t p0[RADIX_MAX_WORDS]
+        cdef uint64_t p1[RADIX_MAX_WORDS]
+        cdef uint64_t p2[RADIX_MAX_WORDS]
+        cdef uint32_t ring[32]
+        cdef int W = self._nwords, w, inst
+        cdef int stride = self._stride, shift = self._slot_shift
+        cdef Py_ssize_t j, end = n, pre
+        cdef uint32_t node
+        cdef const uint64_t *b
+        cdef uint64_t a, n0, n1, n2, ch, m, anyact
+        cdef int32_t *seg = self._seg_start
+        cdef const RadixSlot *slots = self._slots
+        cdef const uint64_t *bits = self._bits
+        for w in range(W):
+            active[w] = ~(<uint64_t>0)
+            p0[w] = 0
+            p1[w] = 0
+            p2[w] = 0
+        active[W - 1] = self._last_word_mask
+        if n <= 0:
+            return 0
+        pre = n if n < RADIX_PREFETCH_SLOTS else RADIX_PREFETCH_SLOTS
+        for j in range(pre):
+            mf_prefetch(&slots[_home(q[j], shift)])
+        pre = n if n < RADIX_PREFETCH_NODES else RADIX_PREFETCH_NODES
+        for j in range(pre):
+            node = self._find(q[j])
+            ring[j & 31] = node
+            if node != RADIX_NO_NODE:
+                mf_prefetch(bits + <size_t>node * stride)
+        for j in range(n):
+            if j + RADIX_PREFETCH_SLOTS < n:
+                mf_prefetch(&slots[_home(q[j + RADIX_PREFETCH_SLOTS], shift)])
+            if j + RADIX_PREFETCH_NODES < n:
+                node = self._find(q[j + RADIX_PREFETCH_NODES])
+                ring[(j + RADIX_PREFETCH_NODES) & 31] = node
+                if node != RADIX_NO_NODE:
+                    mf_prefetch(bits + <size_t>node * stride)
+            node = ring[j & 31]
+            if node == RADIX_NO_NODE:
+                end = j
+                break
+            b = bits + <size_t>node * stride
+            anyact = 0
+            for w in range(W):
+                a = active[w] & b[4 * w]
+                n0 = a & b[4 * w + 1]
+                n1 = a & b[4 * w + 2] & ~n0
+                n2 = a & ~(n0 | n1)
+                ch = (n0 ^ p0[w]) | (n1 ^ p1[w]) | (n2 ^ p2[w])
+                while ch:
+                    inst = mf_ctz64(ch)
+                    m = (<uint64_t>1) << inst
+                    ch &= ch - 1
+                    inst += w * 64
+                    # close the segment in the previous best tier, open the new one
+                    if p0[w] & m:
+                        out[inst * 3 + 0] += <int32_t>(j - seg[inst])
+                    elif p1[w] & m:
+                        out[inst * 3 + 1] += <int32_t>(j - seg[inst])
+                    elif p2[w] & m:
+                        out[inst * 3 + 2] += <int32_t>(j - seg[inst])
+                    if a & m:
+                        seg[inst] = <int32_t>j
+                p0[w] = n0
+                p1[w] = n1
+                p2[w] = n2
+                active[w] = a
+                anyact |= a
+            if anyact == 0:
+                end = j
+                break
+        for w in range(W):
+            ch = p0[w] | p1[w] | p2[w]
+            while ch:
+                inst = mf_ctz64(ch)
+                m = (<uint64_t>1) << inst
+                ch &= ch - 1
+                inst += w * 64
+                if p0[w] & m:
+                    out[inst * 3 + 0] += <int32_t>(end - seg[inst])
+                elif p1[w] & m:
+                    out[inst * 3 + 1] += <int32_t>(end - seg[inst])
+                else:
+                    out[inst * 3 + 2] += <int32_t>(end - seg[inst])
+        return end
+
+    cdef int32_t *_check_out(self, object out) except NULL:
+        cdef cnp.ndarray arr
+        if not isinstance(out, cnp.ndarray):
+            raise TypeError(f"out is expected to be a numpy int32 array of shape "
+                            f"({self.max_instances}, 3), got {type(out).__name__}")
+        arr = <cnp.ndarray>out
+        if cnp.PyArray_TYPE(arr) != cnp.NPY_INT32:
+            raise TypeError(f"out is expected to have dtype int32, got {out.dtype}")
+        if (cnp.PyArray_NDIM(arr) != 2 or cnp.PyArray_DIM(arr, 0) != self.max_instances
+                or cnp.PyArray_DIM(arr, 1) != N_TIERS):
+            raise ValueError(f"out is expected to have shape ({self.max_instances}, 3), "
+                             f"got {out.shape}")
+        if not cnp.PyArray_IS_C_CONTIGUOUS(arr) or not cnp.PyArray_ISWRITEABLE(arr):
+            raise ValueError("out is expected to be C-contiguous and writeable")
+        return <int32_t *>cnp.PyArray_DATA(arr)
+
+    cdef Py_ssize_t _match(self, object block_hashes, object out) except -1:
+        cdef Py_buffer view
+        cdef int32_t *dst = self._check_out(out)
+        cdef Py_ssize_t end
+        _get_hashes(block_hashes, &view, "block_hashes")
+        try:
+            memset(dst, 0, self.max_instances * N_TIERS * sizeof(int32_t))
+            end = self.match_ptr(<const uint64_t *>view.buf, view.shape[0], dst)
+        finally:
+            PyBuffer_Release(&view)
+        return end
+
+    def match(self, block_hashes, out=None):
+        """Per instance and tier, how many leading query blocks are cached.
+
+        Parameters
+        ----------
+        block_hashes : 1-D buffer of uint64, length n (list of ints accepted)
+            The prompt's chained block hashes, from the root.
+        out : numpy.ndarray of int32, shape (max_instances, 3), optional
+            Reused output (overwritten); allocated when None.
+
+        Returns
+        -------
+        numpy.ndarray of int32, shape (max_instances, 3)
+            ``out[i, t]``: number of blocks in instance ``i``'s leading run (blocks
+            0..R_i-1 all held by ``i`` at some tier) whose fastest tier is ``t``.
+            ``out[i].sum()`` is R_i (the cached prefix in blocks).
+
+        Raises
+        ------
+        TypeError
+            Wrong dtype of ``block_hashes`` or ``out``.
+        ValueError
+            Wrong shape / layout of ``out``.
+        """
+        if out is None:
+            out = _np_zeros((self.max_instances, N_TIERS), _np_int32)
+        self._match(block_hashes, out)
+        return out
+
+    def match_into(self, block_hashes, out):
+        """Like :meth:`match` into a required ``out``; returns ``max_i R_i``.
+
+        Parameters
+        ----------
+        block_hashes : 1-D buffer of uint64
+        out : numpy.ndarray of int32, shape (max_instances, 3), C-contiguous, writeable
+
+        Returns
+        -------
+        int
+            Longest cached prefix over all instances, in blocks (0 = no hit).
+        """
+        return self._match(block_hashes, out)
+
+    # ------------------------------------------------------------ introspection
+
+    @property
+    def memory_bytes(self):
+        """Bytes of C memory owned: table slots + node arrays + per-instance arrays.
+
+        Per node slot: 16 * 2 (table) + 8 (hash) + 32 * ceil(max_instances/64)
+        (masks) + 8 (time) + 8 (LRU links). Capacity doubles when full and halves
+        (by rebuild) below a quarter full, floor 1024 nodes.
+        """
+        cdef size_t per_node = (RADIX_SLOTS_PER_NODE * sizeof(RadixSlot) + sizeof(uint64_t)
+                                + self._stride * sizeof(uint64_t) + sizeof(double)
+                                + 2 * sizeof(uint32_t))
+        return (<size_t>self._node_cap * per_node
+                + self.max_instances * (sizeof(int64_t) + sizeof(int32_t)))
+
+    @property
+    def node_capacity(self):
+        """Nodes the arrays can hold before the next rebuild."""
+        return self._node_cap
+
+    def instance_blocks(self, int instance):
+        """Number of (tier, block) holdings of ``instance``."""
+        self._check_instance(instance)
+        return self._inst_blocks[instance]
+
+    def holders(self, uint64_t block_hash):
+        """Sorted list of ``(instance, tier)`` holding ``block_hash`` (for tests / debug)."""
+        cdef uint32_t node = self._find(block_hash)
+        cdef uint64_t *nb
+        cdef int w, t
+        cdef uint64_t m
+        result = []
+        if node == RADIX_NO_NODE:
+            return result
+        nb = self._bits + <size_t>node * self._stride
+        for w in range(self._nwords):
+            for t in range(1, 4):
+                m = nb[4 * w + t]
+                while m:
+                    result.append((w * 64 + mf_ctz64(m), t - 1))
+                    m &= m - 1
+        result.sort()
+        return result
+
+    def lru_hashes(self):
+        """Block hashes from least to most recently stored (eviction order), uint64[n_nodes]."""
+        out = np.empty(self.n_nodes, dtype=_np_uint64)
+        cdef uint64_t[::1] o = out
+        cdef uint32_t node = self._lru_head
+        cdef Py_ssize_t i = 0
+        while node != RADIX_NO_NODE:
+            o[i] = self._keys[node]
+            i += 1
+            node = self._next[node]
+        return out
+
+    def _check_invariants(self):
+        """Recompute every derived quantity from scratch; raise AssertionError on a
+        mismatch. O(nodes); for tests."""
+        cdef uint32_t node, prev = RADIX_NO_NODE, cnt = 0
+        cdef uint64_t *nb
+        cdef uint64_t any_w, anyall, s
+        cdef int w, t
+        cdef int64_t blocks = 0, occupied = 0
+        cdef double last_ts = float("-inf")
+        cdef uint64_t si
+        cdef int i
+        per_inst = [0] * self.max_instances
+        node = self._lru_head
+        while node != RADIX_NO_NODE:
+            if self._prev[node] != prev:
+                raise AssertionError(f"LRU prev link broken at node {node}")
+            if self._keys[node] == 0:
+                raise AssertionError(f"free node {node} on the LRU list")
+            if self._find(self._keys[node]) != node:
+                raise AssertionError(f"node {node} not found by its hash")
+            if self._ts[node] < last_ts:
+                raise AssertionError("LRU order disagrees with timestamps")
+            last_ts = self._ts[node]
+            nb = self._bits + <size_t>node * self._stride
+            anyall = 0
+            for w in range(self._nwords):
+                any_w = nb[4 * w + 1] | nb[4 * w + 2] | nb[4 * w + 3]
+                if any_w != nb[4 * w]:
+                    raise AssertionError(f"any-mask of node {node} word {w} is stale")
+                if w == self._nwords - 1 and (any_w & ~self._last_word_mask):
+                    raise AssertionError(f"node {node} has holders beyond max_instances")
+                anyall |= any_w
+                for t in range(1, 4):
+                    s = nb[4 * w + t]
+                    blocks += mf_popcount64(s)
+                    while s:
+                        per_inst[w * 64 + mf_ctz64(s)] += 1
+                        s &= s - 1
+            if anyall == 0:
+                raise AssertionError(f"node {node} has no holder but was not freed")
+            cnt += 1
+            prev = node
+            node = self._next[node]
+        if prev != self._lru_tail:
+            raise AssertionError("LRU tail is wrong")
+        if cnt != self.n_nodes:
+            raise AssertionError(f"n_nodes {self.n_nodes} != {cnt} nodes on the LRU list")
+        for si in range(self._slot_mask + 1):
+            if self._slots[si].key != 0:
+                occupied += 1
+        if occupied != self.n_nodes:
+            raise AssertionError(f"table holds {occupied} keys, n_nodes is {self.n_nodes}")
+        if blocks != self.n_blocks:
+            raise AssertionError(f"n_blocks {self.n_blocks} != {blocks} counted")
+        for i in range(self.max_instances):
+            if per_inst[i] != self._inst_blocks[i]:
+                raise AssertionError(f"instance {i}: {self._inst_blocks[i]} blocks recorded, "
+                                     f"{per_inst[i]} counted")
+        return True

@@ -1,0 +1,338 @@
+"""motor._fast.radix.PrefixIndex: behaviour (compiled and reference), random op
+sequences compared against the reference model, memory returning to its start."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from motor._fast import radix
+from motor._fast.hashing import block_hashes
+from . import reference as ref
+
+DEV, HOST, DISK = radix.TIER_DEVICE, radix.TIER_HOST, radix.TIER_DISK
+
+
+@pytest.fixture(params=["compiled", "reference"])
+def make(request):
+    """Constructor of the implementation under test."""
+    return radix.PrefixIndex if request.param == "compiled" else ref.PrefixIndex
+
+
+def chain(seed: int, n: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return block_hashes(rng.integers(0, 50_000, n * 4, dtype=np.uint32), 4)
+
+
+def m(ix, hashes) -> np.ndarray:
+    return np.asarray(ix.match(hashes), dtype=np.int64)
+
+
+def test_tier_constants_are_pinned():
+    assert (DEV, HOST, DISK, radix.N_TIERS) == (0, 1, 2, 3)
+    assert (ref.TIER_DEVICE, ref.TIER_HOST, ref.TIER_DISK) == (0, 1, 2)
+
+
+def test_match_counts_leading_blocks_per_instance_and_best_tier(make):
+    ix = make(8)
+    q = chain(1, 10)
+    ix.store(0, DEV, 0, q[:6])
+    ix.store(1, HOST, 0, q[:3])
+    ix.store(1, DEV, 0, q[:2])          # block 0,1 on both tiers: device wins
+    ix.store(2, DISK, 0, q)
+    ix.store(3, DEV, 0, q[1:5])         # no block 0: no leading run at all
+    out = m(ix, q)
+    assert out.shape == (8, 3)
+    assert out[0].tolist() == [6, 0, 0]
+    assert out[1].tolist() == [2, 1, 0]
+    assert out[2].tolist() == [0, 0, 10]
+    assert out[3].tolist() == [0, 0, 0]
+    assert out[4:].sum() == 0
+
+
+def test_a_gap_ends_the_run_even_if_later_blocks_are_held(make):
+    ix = make(4)
+    q = chain(2, 8)
+    ix.store(0, DEV, 0, q)
+    ix.remove(0, DEV, q[3:4])
+    assert m(ix, q)[0].tolist() == [3, 0, 0]
+    ix.store(0, HOST, q[2], q[3:4])     # refilled from host: the run continues
+    assert m(ix, q)[0].tolist() == [7, 1, 0]
+
+
+def test_mixed_tiers_along_the_prefix_are_counted_per_block(make):
+    ix = make(2)
+    q = chain(3, 9)
+    ix.store(1, DEV, 0, q[0:2])
+    ix.store(1, HOST, q[1], q[2:5])
+    ix.store(1, DEV, q[4], q[5:6])
+    ix.store(1, DISK, q[5], q[6:9])
+    assert m(ix, q)[1].tolist() == [3, 3, 3]
+
+
+def test_match_into_returns_the_longest_run_and_reuses_out():
+    ix = radix.PrefixIndex(4)
+    q = chain(4, 6)
+    ix.store(2, DEV, 0, q[:5])
+    ix.store(3, DEV, 0, q[:2])
+    out = np.full((4, 3), 99, dtype=np.int32)
+    assert ix.match_into(q, out) == 5
+    assert out.tolist() == [[0, 0, 0], [0, 0, 0], [5, 0, 0], [2, 0, 0]]
+    assert ix.match(q, out=out) is out
+    assert ix.match_into(chain(5, 3), out) == 0
+    assert out.sum() == 0
+    assert ix.match_into(np.zeros(0, np.uint64), out) == 0
+
+
+def test_removing_the_last_holder_frees_the_node_even_with_held_children(make):
+    ix = make(4)
+    q = chain(6, 4)
+    ix.store(0, DEV, 0, q)
+    ix.store(1, HOST, 0, q[:2])
+    assert ix.n_nodes == 4 and ix.n_blocks == 6
+    assert ix.remove(0, DEV, q[:2]) == 2
+    assert ix.n_nodes == 4                 # instance 1 still holds 0, 1
+    assert ix.remove(1, HOST, q[1:2]) == 1
+    # block 1 has no holder left: freed, though its child (block 2) is held by 0
+    assert ix.n_nodes == 3
+    assert ix.holders(int(q[1])) == []
+    assert ix.holders(int(q[2])) == [(0, DEV)]
+    assert m(ix, q)[1].tolist() == [0, 1, 0]
+    assert m(ix, q)[0].sum() == 0          # 0 lost its block 0 and 1
+
+
+def test_store_counts_new_holdings_and_remove_skips_unknown(make):
+    ix = make(4)
+    q = chain(7, 5)
+    assert ix.store(0, DEV, 0, q) == 5
+    assert ix.store(0, DEV, 0, q) == 0     # refresh only
+    assert ix.store(0, HOST, 0, q[:2]) == 2
+    assert ix.n_blocks == 7 and ix.instance_blocks(0) == 7
+    assert ix.remove(0, DISK, q) == 0
+    assert ix.remove(1, DEV, q) == 0
+    assert ix.remove(0, DEV, chain(8, 3)) == 0
+    assert ix.n_blocks == 7
+
+
+def test_clear_frees_everything_of_an_instance(make):
+    ix = make(3)
+    a, b = chain(9, 50), chain(10, 20)
+    ix.store(0, DEV, 0, a)
+    ix.store(0, DISK, 0, a[:10])
+    ix.store(1, HOST, 0, a[:5])
+    ix.store(1, DEV, 0, b)
+    assert ix.clear(0) == 60
+    assert ix.n_nodes == 25 and ix.n_blocks == 25
+    assert ix.clear(0) == 0
+    assert ix.clear(1) == 25
+    assert ix.n_nodes == 0 and ix.n_blocks == 0
+
+
+def test_orphan_store_counts_a_parent_the_instance_does_not_hold(make):
+    ix = make(2)
+    q = chain(11, 4)
+    ix.store(0, DEV, 0, q[:2])
+    ix.store(0, DEV, q[1], q[2:])
+    assert ix.n_orphan_stores == 0
+    ix.store(1, DEV, q[1], q[2:])           # 1 does not hold q[1]
+    ix.store(1, DEV, 12345, q[:1])          # unknown parent
+    assert ix.n_orphan_stores == 2
+
+
+def test_eviction_is_oldest_first_and_trims_prefixes_from_the_tail(make):
+    ix = make(2)
+    a, b = chain(12, 4), chain(13, 3)
+    ix.store(0, DEV, 0, a, now=1.0)
+    ix.store(1, DEV, 0, b, now=2.0)
+    # LRU: a's deepest block first
+    assert [int(x) for x in ix.lru_hashes()] == [int(x) for x in a[::-1]] + \
+        [int(x) for x in b[::-1]]
+    assert ix.evict_to_cap(6) == 1
+    assert m(ix, a)[0].tolist() == [3, 0, 0]
+    ix.store(0, DEV, 0, a[:1], now=0.5)     # older time is clamped to 2.0
+    assert ix.last_store_time == 2.0
+    assert ix.evict_older_than(2.0) == 2    # a[1], a[2] (stored at 1.0)
+    assert ix.n_nodes == 4
+    assert ix.evict_older_than(2.5) == 4
+    assert ix.n_nodes == 0 and ix.n_blocks == 0
+    with pytest.raises(ValueError, match="max_nodes"):
+        ix.evict_to_cap(-1)
+
+
+def test_bad_arguments_raise_builtin_errors(make):
+    ix = make(4)
+    q = chain(14, 2)
+    with pytest.raises(ValueError, match="instance"):
+        ix.store(4, DEV, 0, q)
+    with pytest.raises(ValueError, match="instance"):
+        ix.store(-1, DEV, 0, q)
+    with pytest.raises(ValueError, match="tier"):
+        ix.store(0, 3, 0, q)
+    with pytest.raises(ValueError, match="tier"):
+        ix.remove(0, -1, q)
+    with pytest.raises(ValueError, match="non-zero"):
+        ix.store(0, DEV, 0, np.array([5, 0], dtype=np.uint64))
+    assert ix.n_nodes == 0                  # nothing stored on error
+    with pytest.raises(ValueError, match="instance"):
+        ix.clear(9)
+    with pytest.raises(ValueError, match="max_instances"):
+        make(0)
+    with pytest.raises(ValueError, match="max_instances"):
+        make(257)
+
+
+def test_compiled_input_checks():
+    ix = radix.PrefixIndex(4)
+    with pytest.raises(TypeError, match="block_hashes"):
+        ix.store(0, DEV, 0, np.arange(1, 4, dtype=np.int64))
+    with pytest.raises(TypeError, match="block_hashes"):
+        ix.match(np.arange(1, 4, dtype=np.uint32))
+    with pytest.raises(TypeError, match="out"):
+        ix.match(np.arange(1, 4, dtype=np.uint64), out=np.zeros((4, 3), np.int64))
+    with pytest.raises(ValueError, match="shape"):
+        ix.match(np.arange(1, 4, dtype=np.uint64), out=np.zeros((3, 3), np.int32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ix.match(np.arange(1, 4, dtype=np.uint64), out=np.zeros((4, 6), np.int32)[:, ::2])
+    with pytest.raises(OverflowError):
+        ix.store(0, DEV, -1, np.arange(1, 4, dtype=np.uint64))
+    # lists and strided buffers are accepted
+    ix.store(0, DEV, 0, [1, 2, 3])
+    assert ix.match(np.array([1, 2, 3, 4], dtype=np.uint64)[::1])[0].tolist() == [3, 0, 0]
+    assert ix.match(np.array([1, 9, 2, 9, 3], dtype=np.uint64)[::2])[0].tolist() == [3, 0, 0]
+
+
+def test_instances_beyond_the_first_word_work():
+    ix = radix.PrefixIndex(200)
+    q = chain(15, 6)
+    for i in (0, 63, 64, 127, 128, 199):
+        ix.store(i, (i % 3), 0, q[: 1 + i % 6])
+    out = ix.match(q)
+    for i in (0, 63, 64, 127, 128, 199):
+        expected = [0, 0, 0]
+        expected[i % 3] = 1 + i % 6
+        assert out[i].tolist() == expected
+    assert out.sum() == sum(1 + i % 6 for i in (0, 63, 64, 127, 128, 199))
+    ix._check_invariants()
+
+
+def test_memory_returns_to_its_start_after_store_remove_cycles():
+    ix = radix.PrefixIndex(64)
+    start = (ix.memory_bytes, ix.n_nodes, ix.n_blocks, ix.node_capacity)
+    chains = [chain(100 + k, 700) for k in range(6)]   # 4200 nodes: forces growth
+    for _ in range(3):
+        for k, c in enumerate(chains):
+            ix.store(k, k % 3, 0, c)
+            ix.store(k + 10, DEV, 0, c[:100])
+        assert ix.n_nodes == 4200 and ix.node_capacity >= 4200
+        ix._check_invariants()
+        for k, c in enumerate(chains):
+            ix.remove(k, k % 3, c)
+            ix.remove(k + 10, DEV, c[:100])
+        assert (ix.memory_bytes, ix.n_nodes, ix.n_blocks, ix.node_capacity) == start
+        ix._check_invariants()
+    # clear and eviction also give the memory back
+    for k, c in enumerate(chains):
+        ix.store(k, DEV, 0, c, now=float(k))
+    ix.clear(0)
+    ix.evict_older_than(3.0)
+    ix.evict_to_cap(0)
+    assert (ix.memory_bytes, ix.n_nodes, ix.n_blocks, ix.node_capacity) == start
+    assert ix._debug_rebuilds > 1
+    assert (ix._debug_checks > 0) if radix.DEBUG else (ix._debug_checks == 0)
+    ix._check_invariants()
+
+
+# ------------------------------------------------------------ hypothesis
+
+UNIVERSE = [chain(200, 6), chain(201, 4)]
+# a third chain sharing the first 3 blocks of chain 0 (hashes continue from it)
+UNIVERSE.append(np.concatenate([UNIVERSE[0][:3], block_hashes(
+    np.arange(8, dtype=np.uint32), 4, parent=int(UNIVERSE[0][2]))]))
+INSTANCES = [0, 1, 2, 63, 64, 69]
+
+chain_slice = st.tuples(st.integers(0, 2), st.integers(0, 5), st.integers(0, 6))
+
+
+def _slice(c, lo, hi):
+    h = UNIVERSE[c]
+    lo = min(lo, len(h))
+    return h[lo:max(lo, min(hi, len(h)))]
+
+
+op_st = st.one_of(
+    st.tuples(st.just("store"), st.sampled_from(INSTANCES), st.integers(0, 2), chain_slice,
+              st.floats(0, 10, allow_nan=False)),
+    st.tuples(st.just("remove"), st.sampled_from(INSTANCES), st.integers(0, 2), chain_slice),
+    st.tuples(st.just("clear"), st.sampled_from(INSTANCES)),
+    st.tuples(st.just("evict_older_than"), st.floats(0, 10, allow_nan=False)),
+    st.tuples(st.just("evict_to_cap"), st.integers(0, 12)),
+    st.tuples(st.just("match"), st.integers(0, 2), st.integers(0, 2)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(op_st, max_size=40))
+def test_random_operation_sequences_agree_with_the_reference(ops):
+    c_ix = radix.PrefixIndex(70)
+    r_ix = ref.PrefixIndex(70)
+    for op in ops:
+        kind = op[0]
+        if kind == "store":
+            _, inst, tier, (c, lo, hi), now = op
+            h = _slice(c, lo, hi)
+            parent = int(UNIVERSE[c][lo - 1]) if 0 < lo <= len(UNIVERSE[c]) else 0
+            got = c_ix.store(inst, tier, parent, h, now)
+            want = r_ix.store(inst, tier, parent, h, now)
+        elif kind == "remove":
+            _, inst, tier, (c, lo, hi) = op
+            h = _slice(c, lo, hi)
+            got, want = c_ix.remove(inst, tier, h), r_ix.remove(inst, tier, h)
+        elif kind == "match":
+            _, c, drop = op
+            q = UNIVERSE[c][: len(UNIVERSE[c]) - drop]
+            got, want = m(c_ix, q).tolist(), r_ix.match(q)
+        else:
+            got, want = getattr(c_ix, kind)(op[1]), getattr(r_ix, kind)(op[1])
+        assert got == want, op
+        assert (c_ix.n_nodes, c_ix.n_blocks, c_ix.n_orphan_stores) == \
+            (r_ix.n_nodes, r_ix.n_blocks, r_ix.n_orphan_stores), op
+        assert [int(x) for x in c_ix.lru_hashes()] == r_ix.lru_hashes(), op
+    for c in range(3):
+        for h in UNIVERSE[c]:
+            assert c_ix.holders(int(h)) == r_ix.holders(int(h))
+    for inst in INSTANCES:
+        assert c_ix.instance_blocks(inst) == r_ix.instance_blocks(inst)
+    c_ix._check_invariants()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_large_random_workload_agrees_with_the_reference(seed):
+    """Enough nodes to grow and shrink the tables several times."""
+    rng = np.random.default_rng(seed)
+    c_ix, r_ix = radix.PrefixIndex(40), ref.PrefixIndex(40)
+    chains = [chain(int(s), int(n)) for s, n in zip(rng.integers(0, 10**9, 12),
+                                                    rng.integers(50, 400, 12))]
+    for step in range(60):
+        c = chains[rng.integers(len(chains))]
+        inst, tier = int(rng.integers(40)), int(rng.integers(3))
+        lo = int(rng.integers(len(c)))
+        hi = int(rng.integers(lo, len(c) + 1))
+        r = rng.random()
+        if r < 0.5:
+            args = (inst, tier, int(c[lo - 1]) if lo else 0, c[lo:hi], float(step))
+            assert c_ix.store(*args) == r_ix.store(*args)
+        elif r < 0.8:
+            assert c_ix.remove(inst, tier, c[lo:hi]) == r_ix.remove(inst, tier, c[lo:hi])
+        elif r < 0.88:
+            assert c_ix.clear(inst) == r_ix.clear(inst)
+        elif r < 0.94:
+            cap = int(rng.integers(2000))
+            assert c_ix.evict_to_cap(cap) == r_ix.evict_to_cap(cap)
+        else:
+            assert c_ix.evict_older_than(step - 10) == r_ix.evict_older_than(step - 10)
+        assert c_ix.n_nodes == r_ix.n_nodes
+    for c in chains:
+        assert m(c_ix, c).tolist() == r_ix.match(c)
+    c_ix._check_invariants()
