@@ -1,0 +1,113 @@
+"""vLLM (``vllm serve``; vLLM-Ascend is the same CLI): config -> argv / env per DP rank.
+
+One process per DP rank (vLLM's external DP load balancing: every rank is its own API
+server on ``base_port + i*dp_size + r``), so the coordinator sees one endpoint per rank.
+
+argv of instance ``i``, rank ``r``::
+
+    <launcher: vllm serve> --host H --port P --model <model> --served-model-name <name>
+        --tensor-parallel-size TP [--data-parallel-size DP --data-parallel-rank r]
+        <engine_config flags>
+        [--data-parallel-address H --data-parallel-rpc-port 29550+i]         (dp > 1)
+        [--kv-transfer-config {"kv_connector":"NixlConnector","kv_role":"kv_both",
+                               "engine_id":"<instance id>"}]                 (prefill / decode)
+        --disable-access-log-for-endpoints /health,/metrics
+
+The bracketed tail is motor's defaults: each is left out when ``engine_config`` sets that key
+in either spelling (``kv_transfer_config`` names the connector; the whole dict is the user's).
+``launcher`` replaces ``vllm serve`` (e.g. ``[python, -m, vllm.entrypoints.openai.api_server]``
+for the CPU build). Env: ``ASCEND_RT_VISIBLE_DEVICES`` = the rank's contiguous block of
+``tp_size`` devices (``(i*dp_size + r)*tp_size ...``) unless the engine's ``env`` sets it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from motor.config.schema import EngineConfig, NodeConfig, Role
+from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, endpoint,
+                                        engine_flags, flag_key, instance_id, launcher,
+                                        process_name)
+
+DEFAULT_LAUNCHER = ["vllm", "serve"]
+DEFAULT_CONNECTOR = "NixlConnector"
+DP_RPC_PORT_BASE = 29550
+#: vLLM flags declared with argparse.BooleanOptionalAction (False -> --no-flag)
+NEGATABLE = ("enable-prefix-caching", "enable-chunked-prefill", "async-scheduling",
+             "enable-log-requests", "enable-log-outputs", "trust-remote-code")
+
+
+def user_value(engine: EngineConfig, key: str) -> Any:
+    """The user's ``engine_config`` value of ``key`` in any spelling (None if absent)."""
+    for k, v in engine.engine_config.items():
+        if flag_key(k) == flag_key(key):
+            return v
+    return None
+
+
+def kv_role(role: Role, connector: str) -> str:
+    if connector.startswith("Nixl"):
+        return "kv_both"  # NIXL: both sides kv_both (the request says who sends)
+    return "kv_producer" if role is Role.PREFILL else "kv_consumer"
+
+
+def device_env(engine: EngineConfig, index: int, dp_rank: int,
+               var: str = "ASCEND_RT_VISIBLE_DEVICES") -> dict[str, str]:
+    if var in engine.env:
+        return {}
+    first = (index * engine.dp_size + dp_rank) * engine.tp_size
+    return {var: ",".join(str(d) for d in range(first, first + engine.tp_size))}
+
+
+class VllmBackend:
+    def argv(self, engine: EngineConfig, index: int, dp_rank: int, iid: str) -> list[str]:
+        ep = endpoint(engine, index, dp_rank)
+        managed: list[tuple[str, Any]] = [
+            ("host", ep.host), ("port", ep.port), ("model", engine.model),
+            ("served-model-name", engine.model_name), ("tensor-parallel-size", engine.tp_size)]
+        defaults: list[tuple[str, Any]] = []
+        if engine.dp_size > 1:
+            managed += [("data-parallel-size", engine.dp_size), ("data-parallel-rank", dp_rank)]
+            defaults += [("data-parallel-address", ep.host),
+                         ("data-parallel-rpc-port", DP_RPC_PORT_BASE + index)]
+        if engine.role is not Role.UNION:
+            defaults.append(("kv-transfer-config", {
+                "kv_connector": DEFAULT_CONNECTOR, "kv_role": kv_role(engine.role, DEFAULT_CONNECTOR),
+                "engine_id": iid}))
+        defaults.append(("disable-access-log-for-endpoints", "/health,/metrics"))
+        return launcher(engine, DEFAULT_LAUNCHER) + engine_flags(
+            engine.engine_config, managed=managed, defaults=defaults, negatable=NEGATABLE,
+            where=f"engines[{engine.name}].engine_config")
+
+    def build(self, node: NodeConfig, engine: EngineConfig, index: int) -> InstancePlan:
+        iid = instance_id(node.name, engine.name, index)
+        procs = []
+        for r in range(engine.dp_size):
+            env = device_env(engine, index, r)
+            env.update(base_env(engine, iid, r))
+            procs.append(ProcessSpec(name=process_name(node.name, engine.name, index, r,
+                                                       engine.dp_size),
+                                     argv=self.argv(engine, index, r, iid), env=env,
+                                     endpoint=endpoint(engine, index, r),
+                                     health_path=engine.health_path))
+        return InstancePlan(id=iid, node=node.name, engine=engine, processes=procs,
+                            kv_events=kv_events_address(engine))
+
+
+def kv_events_address(engine: EngineConfig) -> str | None:
+    """Where a subscriber reaches the KV-event publisher of rank 0 (from ``kv_events_config``)."""
+    cfg = user_value(engine, "kv-events-config")
+    if isinstance(cfg, str):
+        import json
+        try:
+            cfg = json.loads(cfg)
+        except ValueError:
+            return None
+    if not isinstance(cfg, dict) or not cfg.get("endpoint"):
+        return None
+    ep = str(cfg["endpoint"])
+    for wild in ("*", "0.0.0.0", "[::]"):
+        ep = ep.replace(f"//{wild}:", f"//{engine.host}:")
+    return ep
+
+
+BACKEND = VllmBackend()
