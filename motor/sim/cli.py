@@ -1,0 +1,194 @@
+"""``motor sim``: run one simulated engine speaking vLLM's OpenAI-compatible HTTP API.
+
+The node manager launches it as ``python -m motor sim --port P --model M ...`` with
+the engine's ``engine_config`` keys as ``--kebab-case`` flags, so option names here
+are stable. Boolean options take ``--flag`` / ``--no-flag`` and also ``--flag true``
+/ ``--flag false``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from motor.sim.engine import EngineConfig
+from motor.sim.faults import MODES, FaultError, Faults
+from motor.sim.tokenizer import DEFAULT_MODEL_DIR
+
+logger = logging.getLogger("motor.sim")
+
+_TRUE = {"1", "true", "yes", "on", "y", "t"}
+_FALSE = {"0", "false", "no", "off", "n", "f"}
+
+
+def _str2bool(v: str) -> bool:
+    s = v.strip().lower()
+    if s in _TRUE:
+        return True
+    if s in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {v!r}")
+
+
+def _bool_flag(group: argparse._ActionsContainer, name: str, default: bool, help_text: str) -> None:
+    dest = name.replace("-", "_")
+    group.add_argument(f"--{name}", dest=dest, nargs="?", const=True, default=default,
+                       type=_str2bool, metavar="BOOL", help=help_text)
+    group.add_argument(f"--no-{name}", dest=dest, action="store_false",
+                       help=f"turn --{name} off")
+
+
+def _positive_int(v: str) -> int:
+    i = int(v)
+    if i < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {i}")
+    return i
+
+
+def _non_negative_float(v: str) -> float:
+    f = float(v)
+    if f < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {f}")
+    return f
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    srv = parser.add_argument_group("server")
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    srv.add_argument("--port", type=int, default=8000,
+                     help="HTTP port (0 = any free port; the bound port is printed on stdout)")
+    srv.add_argument("--model", default="motor-sim",
+                     help="model name clients use (the served model name)")
+    srv.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                     help="served model name(s) like vLLM's flag; overrides --model for clients")
+    srv.add_argument("--model-dir", default=DEFAULT_MODEL_DIR,
+                     help="directory where the byte-level tokenizer model directory is written "
+                          "(tokenizer.json, tokenizer_config.json with the chat template, ...)")
+    srv.add_argument("--role", choices=["union", "prefill", "decode"], default="union",
+                     help="PD role (only union behaviour is simulated; the role is reported)")
+    srv.add_argument("--dp-rank", type=int, default=0,
+                     help="data-parallel rank (reported; the metrics' engine label)")
+    _bool_flag(srv, "enable-prompt-tokens-details", False,
+               "fill usage.prompt_tokens_details.cached_tokens (null otherwise, like vLLM)")
+    _bool_flag(srv, "enable-force-include-usage", False,
+               "usage on every stream chunk and a final usage chunk, whatever the request says")
+
+    eng = parser.add_argument_group("engine")
+    eng.add_argument("--max-model-len", type=_positive_int, default=4096,
+                     help="context length: prompt + output tokens")
+    eng.add_argument("--block-size", type=_positive_int, default=16, help="KV block size in tokens")
+    eng.add_argument("--num-gpu-blocks", type=_positive_int, default=4096,
+                     help="KV cache capacity in blocks (default 4096 x 16 = 64k tokens)")
+    eng.add_argument("--max-num-seqs", type=_positive_int, default=256,
+                     help="most sequences in the running batch")
+    eng.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
+                     help="token budget of one step (longer prefills are chunked)")
+    _bool_flag(eng, "enable-prefix-caching", True, "reuse cached KV blocks of shared prefixes")
+    eng.add_argument("--seed", type=int, default=0, help="global seed of the generated text")
+    eng.add_argument("--eos-prob", type=float, default=0.0,
+                     help="probability that a generated token is EOS (<|im_end|>); 0 = never")
+
+    tm = parser.add_argument_group("timing model: step time = (fixed + per-token costs) * scale")
+    tm.add_argument("--time-scale", type=_non_negative_float, default=1.0,
+                    help="multiplies every step's time; 0 = as fast as possible")
+    tm.add_argument("--step-fixed-ms", type=_non_negative_float, default=2.0,
+                    help="fixed cost of one engine step, in ms")
+    tm.add_argument("--prefill-token-us", type=_non_negative_float, default=20.0,
+                    help="cost of one prefill token in a step, in microseconds")
+    tm.add_argument("--decode-token-us", type=_non_negative_float, default=50.0,
+                    help="cost of one decoding sequence in a step, in microseconds")
+
+    fl = parser.add_argument_group("fault injection (also POST /admin/fault at run time)")
+    fl.add_argument("--fault", choices=MODES, default="none",
+                    help="fault mode: crash, hang, hang_health, slow, error, drop_after, "
+                         "recomputed_after (see docs/sim.md)")
+    fl.add_argument("--fault-status", type=int, default=500, help="HTTP status of the error fault")
+    fl.add_argument("--fault-tokens", type=int, default=0,
+                    help="tokens before drop_after / recomputed_after strike")
+    fl.add_argument("--fault-factor", type=float, default=1.0, help="step-time factor of slow")
+    fl.add_argument("--fault-count", type=int, default=None,
+                    help="how many next requests a per-request fault hits (default: all); "
+                         "for crash: crash on the COUNT-th generation request")
+
+    kv = parser.add_argument_group("KV events")
+    kv.add_argument("--kv-events-endpoint", default=None,
+                    help="ZMQ PUB endpoint for KV events in vLLM's format, e.g. "
+                         "tcp://127.0.0.1:5557 (bound)")
+    kv.add_argument("--kv-events-replay-endpoint", default=None,
+                    help="ZMQ ROUTER endpoint answering replay requests (bound)")
+    kv.add_argument("--kv-events-topic", default="", help="topic frame of KV event messages")
+    kv.add_argument("--kv-events-buffer-steps", type=_positive_int, default=10000,
+                    help="batches kept for replay")
+
+
+def options_from_args(args: argparse.Namespace) -> "SimOptions":  # noqa: F821
+    from motor.sim.server import SimOptions
+
+    ec = EngineConfig(
+        max_model_len=args.max_model_len, block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, time_scale=args.time_scale,
+        step_fixed_ms=args.step_fixed_ms, prefill_token_us=args.prefill_token_us,
+        decode_token_us=args.decode_token_us, seed=args.seed,
+        enable_prefix_caching=args.enable_prefix_caching, eos_prob=args.eos_prob,
+        record_kv_events=bool(args.kv_events_endpoint) and args.enable_prefix_caching,
+    )
+    fault = {"mode": args.fault, "status": args.fault_status, "tokens": args.fault_tokens,
+             "factor": args.fault_factor, "count": args.fault_count}
+    Faults().set(fault)  # validate early
+    opts = SimOptions(
+        host=args.host, port=args.port, model=args.model,
+        served_model_names=list(args.served_model_name or []), model_dir=args.model_dir,
+        engine=ec, enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        enable_force_include_usage=args.enable_force_include_usage,
+        role=args.role, dp_rank=args.dp_rank, fault=fault,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_replay_endpoint=args.kv_events_replay_endpoint,
+        kv_events_topic=args.kv_events_topic, kv_events_buffer_steps=args.kv_events_buffer_steps,
+    )
+    return opts
+
+
+async def _serve(opts: "SimOptions") -> int:  # noqa: F821
+    from motor.sim.server import SimServer
+
+    server = SimServer(opts)
+    port = await server.start()
+    print(f"motor sim listening on http://{opts.host}:{port} model={server.model_name} "
+          f"role={opts.role} dp_rank={opts.dp_rank}", flush=True)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    await stop.wait()
+    logger.info("shutting down")
+    await server.stop(drain_timeout_s=2.0)
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    from motor.http import install_uvloop
+
+    try:
+        opts = options_from_args(args)
+    except FaultError as e:
+        print(f"motor sim: {e}", file=sys.stderr)
+        return 2
+    if opts.fault["mode"] == "crash" and opts.fault.get("count") is None:
+        print("motor sim: --fault crash: exiting with status 1 at start-up", file=sys.stderr)
+        return 1
+    ec = opts.engine
+    if ec.num_gpu_blocks * ec.block_size < ec.max_model_len:
+        print(f"motor sim: the KV cache ({ec.num_gpu_blocks} blocks x {ec.block_size} tokens) "
+              f"cannot hold one sequence of --max-model-len {ec.max_model_len}", file=sys.stderr)
+        return 2
+    install_uvloop()
+    try:
+        return asyncio.run(_serve(opts))
+    except KeyboardInterrupt:
+        return 130
