@@ -188,3 +188,44 @@ class PrefixIndex:
 
     def lru_hashes(self) -> list[int]:
         return list(self.ts)
+
+
+# ---------------------------------------------------------------- scoring
+
+def score_costs(overlap, prompt_tokens, block_size, tier_credit, prefill_tokens,
+                decode_tokens, queue, candidates=None, w_prefill=1.0, w_decode=0.0,
+                w_queue=0.0, guard_factor=0.0):
+    """Per-candidate (cost, load) in candidate order."""
+    if block_size <= 0:
+        raise ValueError(f"block_size is expected to be > 0, got {block_size}")
+    if prompt_tokens < 0:
+        raise ValueError(f"prompt_tokens is expected to be >= 0, got {prompt_tokens}")
+    n = len(overlap)
+    cands = list(range(n)) if candidates is None else [int(c) for c in candidates]
+    for j, c in enumerate(cands):
+        if not 0 <= c < n:
+            raise ValueError(f"candidates[{j}] is expected to be in 0..{n - 1}, got {c}")
+    loads = [w_prefill * float(prefill_tokens[i]) + w_decode * float(decode_tokens[i])
+             + w_queue * float(queue[i]) for i in cands]
+    guard = math.inf
+    if guard_factor > 0 and cands:
+        guard = guard_factor * (sum(loads) / len(cands))
+    result = []
+    for i, load in zip(cands, loads):
+        saved = sum(block_size * float(tier_credit[t]) * int(overlap[i][t]) for t in range(3))
+        if load > guard:
+            saved = 0.0
+        result.append((max(prompt_tokens - saved, 0.0) + load, load))
+    return cands, result
+
+
+def pick(*args, start=0, **kwargs):
+    cands, result = score_costs(*args, **kwargs)
+    if not cands:
+        return -1, math.inf
+    k = len(cands)
+    order = [(start % k + q) % k for q in range(k)]
+    # min over (cost, load, rotation rank)
+    best = min(range(k), key=lambda r: (result[order[r]][0], result[order[r]][1], r))
+    pos = order[best]
+    return cands[pos], result[pos][0]

@@ -1,0 +1,254 @@
+# cython: language_level=3
+"""Cost of sending a request to each candidate instance, and the argmin.
+
+For candidate instance ``i`` (all quantities in prefill-token equivalents)::
+
+    saved_i  = block_size * sum_t tier_credit[t] * overlap[i, t]
+    load_i   = w_prefill * prefill_tokens[i] + w_decode * decode_tokens[i]
+               + w_queue * queue[i]
+    saved_i  = 0                if guard_factor > 0 and load_i > guard_factor * mean(load)
+    cost_i   = max(prompt_tokens - saved_i, 0) + load_i
+
+``overlap`` is :meth:`motor._fast.radix.PrefixIndex.match` output (leading cached
+blocks per instance and fastest tier), ``mean(load)`` is over the candidates.
+The load guard stops a hot cache holder from taking every request: above the
+guard its cached prefix is ignored and it competes on load alone.
+
+Tie-break (deterministic): lowest cost, then lowest load, then the first
+candidate in rotation order starting at position ``start % k`` of the candidate
+list; ``start=0`` gives the lowest position, a moving ``start`` gives round robin
+among equals.
+"""
+from libc.stdint cimport int32_t, int64_t
+from libc.math cimport INFINITY
+
+cimport numpy as cnp
+import numpy as np
+
+from motor._fast._common cimport MOTOR_DEBUG
+
+cnp.import_array()
+
+#: True when compiled with ``-DMOTOR_DEBUG=1``.
+DEBUG = bool(MOTOR_DEBUG)
+
+
+cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t start,
+                          double *costs, double *best_cost) noexcept nogil:
+    cdef Py_ssize_t pos, q, i, best = -1
+    cdef double load, saved, cost, left, mean = 0.0, guard = INFINITY
+    cdef double best_c = INFINITY, best_l = INFINITY
+    cdef double bs0 = p.block_size * p.credit[0]
+    cdef double bs1 = p.block_size * p.credit[1]
+    cdef double bs2 = p.block_size * p.credit[2]
+    cdef const int32_t *ov
+    if x.k <= 0:
+        best_cost[0] = INFINITY
+        return -1
+    if p.guard_factor > 0.0:
+        for pos in range(x.k):
+            i = x.cand32[pos] if x.cand32 != NULL else (
+                x.cand64[pos] if x.cand64 != NULL else pos)
+            mean += (p.w_prefill * x.prefill_tokens[i] + p.w_decode * x.decode_tokens[i]
+                     + p.w_queue * x.queue[i])
+        guard = p.guard_factor * (mean / x.k)
+    start = start % x.k
+    if start < 0:
+        start += x.k
+    for q in range(x.k):
+        pos = start + q
+        if pos >= x.k:
+            pos -= x.k
+        i = x.cand32[pos] if x.cand32 != NULL else (
+            x.cand64[pos] if x.cand64 != NULL else pos)
+        ov = x.overlap + 3 * i
+        load = (p.w_prefill * x.prefill_tokens[i] + p.w_decode * x.decode_tokens[i]
+                + p.w_queue * x.queue[i])
+        saved = bs0 * ov[0] + bs1 * ov[1] + bs2 * ov[2]
+        if load > guard:
+            saved = 0.0
+        left = p.prompt_tokens - saved
+        if left < 0.0:
+            left = 0.0
+        cost = left + load
+        if costs != NULL:
+            costs[pos] = cost
+        if cost < best_c or (cost == best_c and load < best_l):
+            best_c = cost
+            best_l = load
+            best = pos
+    best_cost[0] = best_c
+    return best
+
+
+cdef inline const double *_f64(object arr, str name, Py_ssize_t n) except NULL:
+    cdef cnp.ndarray a
+    if not isinstance(arr, cnp.ndarray):
+        raise TypeError(f"{name} is expected to be a numpy float64 array, "
+                        f"got {type(arr).__name__}")
+    a = <cnp.ndarray>arr
+    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64:
+        raise TypeError(f"{name} is expected to have dtype float64, got {arr.dtype}")
+    if cnp.PyArray_NDIM(a) != 1 or cnp.PyArray_DIM(a, 0) != n:
+        raise ValueError(f"{name} is expected to have shape ({n},), got {arr.shape}")
+    if not cnp.PyArray_IS_C_CONTIGUOUS(a):
+        raise ValueError(f"{name} is expected to be C-contiguous")
+    return <const double *>cnp.PyArray_DATA(a)
+
+
+cdef int _prepare(ScoreParams *p, ScoreInputs *x, object overlap, Py_ssize_t prompt_tokens,
+                  Py_ssize_t block_size, object tier_credit, object prefill_tokens,
+                  object decode_tokens, object queue, object candidates, double w_prefill,
+                  double w_decode, double w_queue, double guard_factor) except -1:
+    cdef cnp.ndarray ov, cand
+    cdef const double *credit
+    cdef Py_ssize_t n, j, v
+    cdef int t
+    if block_size <= 0:
+        raise ValueError(f"block_size is expected to be > 0, got {block_size}")
+    if prompt_tokens < 0:
+        raise ValueError(f"prompt_tokens is expected to be >= 0, got {prompt_tokens}")
+    if not isinstance(overlap, cnp.ndarray):
+        raise TypeError(f"overlap is expected to be a numpy int32 array, "
+                        f"got {type(overlap).__name__}")
+    ov = <cnp.ndarray>overlap
+    if cnp.PyArray_TYPE(ov) != cnp.NPY_INT32:
+        raise TypeError(f"overlap is expected to have dtype int32, got {overlap.dtype}")
+    if (cnp.PyArray_NDIM(ov) != 2 or cnp.PyArray_DIM(ov, 1) != SCORING_N_TIERS
+            or not cnp.PyArray_IS_C_CONTIGUOUS(ov)):
+        raise ValueError(f"overlap is expected to be C-contiguous with shape (n, 3), "
+                         f"got {overlap.shape}")
+    n = cnp.PyArray_DIM(ov, 0)
+    credit = _f64(tier_credit, "tier_credit", SCORING_N_TIERS)
+    x.overlap = <const int32_t *>cnp.PyArray_DATA(ov)
+    x.prefill_tokens = _f64(prefill_tokens, "prefill_tokens", n)
+    x.decode_tokens = _f64(decode_tokens, "decode_tokens", n)
+    x.queue = _f64(queue, "queue", n)
+    x.n = n
+    x.cand32 = NULL
+    x.cand64 = NULL
+    if candidates is None:
+        x.k = n
+    else:
+        if not isinstance(candidates, cnp.ndarray):
+            raise TypeError(f"candidates is expected to be a numpy int32/int64 array, "
+                            f"got {type(candidates).__name__}")
+        cand = <cnp.ndarray>candidates
+        if cnp.PyArray_NDIM(cand) != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(cand):
+            raise ValueError(f"candidates is expected to be 1-D and C-contiguous, "
+                             f"got shape {candidates.shape}")
+        x.k = cnp.PyArray_DIM(cand, 0)
+        if cnp.PyArray_TYPE(cand) == cnp.NPY_INT32:
+            x.cand32 = <const int32_t *>cnp.PyArray_DATA(cand)
+        elif cnp.PyArray_TYPE(cand) == cnp.NPY_INT64:
+            x.cand64 = <const int64_t *>cnp.PyArray_DATA(cand)
+        else:
+            raise TypeError(f"candidates is expected to have dtype int32 or int64, "
+                            f"got {candidates.dtype}")
+        for j in range(x.k):
+            v = x.cand32[j] if x.cand32 != NULL else x.cand64[j]
+            if v < 0 or v >= n:
+                raise ValueError(f"candidates[{j}] is expected to be in 0..{n - 1}, got {v}")
+    p.prompt_tokens = <double>prompt_tokens
+    p.block_size = <double>block_size
+    for t in range(SCORING_N_TIERS):
+        p.credit[t] = credit[t]
+    p.w_prefill = w_prefill
+    p.w_decode = w_decode
+    p.w_queue = w_queue
+    p.guard_factor = guard_factor
+    return 0
+
+
+def pick(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
+         prefill_tokens, decode_tokens, queue, candidates=None, double w_prefill=1.0,
+         double w_decode=0.0, double w_queue=0.0, double guard_factor=0.0,
+         Py_ssize_t start=0):
+    """Cheapest candidate for a request (see the module docstring for the cost).
+
+    Parameters
+    ----------
+    overlap : numpy.ndarray of int32, shape (n, 3), C-contiguous
+        Leading cached blocks per instance and fastest tier (``PrefixIndex.match``).
+    prompt_tokens : int
+        Prompt length in tokens, >= 0.
+    block_size : int
+        Tokens per block, > 0.
+    tier_credit : numpy.ndarray of float64, shape (3,)
+        Fraction of a cached block's prefill saved, per tier (device, host, disk),
+        e.g. ``[1.0, 0.8, 0.5]``.
+    prefill_tokens, decode_tokens, queue : numpy.ndarray of float64, shape (n,)
+        Per-instance load: in-flight prefill tokens, in-flight decode tokens
+        (or running sequences), waiting requests.
+    candidates : numpy.ndarray of int32 or int64, shape (k,), optional
+        Eligible instance indices (0..n-1), in tie-break order; None = all n.
+    w_prefill, w_decode, w_queue : float, optional
+        Weights of the load terms (defaults 1, 0, 0), in prefill tokens per unit.
+    guard_factor : float, optional
+        > 0: an instance whose load exceeds ``guard_factor * mean load`` gets no
+        cache credit. 0 (default) disables the guard.
+    start : int, optional
+        Rotation offset for the last tie-break (position in ``candidates``).
+
+    Returns
+    -------
+    (int, float)
+        The chosen instance index (an element of ``candidates``) and its cost in
+        prefill-token equivalents; ``(-1, inf)`` when there is no candidate.
+
+    Raises
+    ------
+    TypeError
+        An array of the wrong type or dtype.
+    ValueError
+        Wrong shapes, non-contiguous arrays, a candidate outside 0..n-1,
+        ``block_size <= 0`` or ``prompt_tokens < 0``.
+    """
+    cdef ScoreParams p
+    cdef ScoreInputs x
+    cdef double best_cost
+    cdef Py_ssize_t pos
+    _prepare(&p, &x, overlap, prompt_tokens, block_size, tier_credit, prefill_tokens,
+             decode_tokens, queue, candidates, w_prefill, w_decode, w_queue, guard_factor)
+    pos = score_ptr(&p, &x, start, NULL, &best_cost)
+    if pos < 0:
+        return -1, best_cost
+    if x.cand32 != NULL:
+        return <Py_ssize_t>x.cand32[pos], best_cost
+    if x.cand64 != NULL:
+        return <Py_ssize_t>x.cand64[pos], best_cost
+    return pos, best_cost
+
+
+def costs(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
+          prefill_tokens, decode_tokens, queue, out, candidates=None,
+          double w_prefill=1.0, double w_decode=0.0, double w_queue=0.0,
+          double guard_factor=0.0, Py_ssize_t start=0):
+    """Each candidate's cost into ``out``; returns the chosen position.
+
+    Same parameters as :func:`pick`, plus ``out``: numpy float64 array of shape
+    (k,) (k = number of candidates, or n), filled with ``out[pos]`` = cost of
+    ``candidates[pos]``.
+
+    Returns
+    -------
+    int
+        Position in ``candidates`` (not the instance index) of the cheapest
+        candidate under the tie-break, -1 when k == 0.
+    """
+    cdef ScoreParams p
+    cdef ScoreInputs x
+    cdef double best_cost
+    cdef cnp.ndarray o
+    _prepare(&p, &x, overlap, prompt_tokens, block_size, tier_credit, prefill_tokens,
+             decode_tokens, queue, candidates, w_prefill, w_decode, w_queue, guard_factor)
+    if not isinstance(out, cnp.ndarray):
+        raise TypeError(f"out is expected to be a numpy float64 array, got {type(out).__name__}")
+    o = <cnp.ndarray>out
+    if cnp.PyArray_TYPE(o) != cnp.NPY_FLOAT64:
+        raise TypeError(f"out is expected to have dtype float64, got {out.dtype}")
+    if (cnp.PyArray_NDIM(o) != 1 or cnp.PyArray_DIM(o, 0) != x.k
+            or not cnp.PyArray_IS_C_CONTIGUOUS(o) or not cnp.PyArray_ISWRITEABLE(o)):
+        raise ValueError(f"out is expected to be a writeable C-contiguous array of shape "
+                         f"({x.k},), got {out.shape}")
+    return score_ptr(&p, &x, start, <double *>cnp.PyArray_DATA(o), &best_cost)
