@@ -128,6 +128,11 @@ class NodeAgent:
         os.makedirs(self.log_dir, exist_ok=True)
         logger.info("node manager %s: %d instance(s), engine logs in %s, controller %s",
                     self.node.name, len(self.plans), self.log_dir, self.controller_url)
+        if self.mgmt_port_wanted is not None:  # first: a busy port fails before engines start
+            self._http = HttpServer(self._route())
+            self.mgmt_port = await self._http.listen(self.mgmt_host, self.mgmt_port_wanted)
+            logger.info("node manager %s: management API on http://%s:%d", self.node.name,
+                        self.mgmt_host, self.mgmt_port)
         for plan in self.plans:
             procs = [EngineProcess(spec, plan.engine, self.log_dir, self.client,
                                    on_change=self._dirty.set) for spec in plan.processes]
@@ -135,11 +140,6 @@ class NodeAgent:
         for inst in self.instances:
             for p in inst.processes:
                 p.start()
-        if self.mgmt_port_wanted is not None:
-            self._http = HttpServer(self._route())
-            self.mgmt_port = await self._http.listen(self.mgmt_host, self.mgmt_port_wanted)
-            logger.info("node manager %s: management API on http://%s:%d", self.node.name,
-                        self.mgmt_host, self.mgmt_port)
         self._task = asyncio.create_task(self._control_loop(), name="controller loop")
 
     async def stop(self, deregister_timeout_s: float = 2.0) -> None:
