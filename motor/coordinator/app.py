@@ -57,6 +57,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
         table.set_static([parse_backend(b) for b in backends])
         source = StaticBackends(table, c.health_check_interval_s, c.health_check_timeout_s,
                                 c.health_failures)
+        coord.ready_source = source.synced
     else:
         source = ControllerWatcher(table, controller_url or cfg.controller.url)
         coord.ready_source = source.synced

@@ -252,6 +252,7 @@ class StaticBackends:
         # a separate pool: health probes never queue behind proxied requests (case B26)
         self.client = Client(max_connections_per_endpoint=2, connect_timeout_s=timeout_s)
         self._fails: dict[str, int] = {}
+        self.synced = asyncio.Event()  # set after the first probe round
 
     async def probe(self, ep: EndpointState) -> None:
         try:
@@ -289,6 +290,10 @@ class StaticBackends:
         while True:
             eps = list(self.table.endpoints.values())
             await asyncio.gather(*(self.probe(e) for e in eps))
+            # synced once every backend has answered a probe or been given up on
+            if all(self._fails.get(e.key) == 0 or self._fails.get(e.key, 0) >= self.failures
+                   for e in eps):
+                self.synced.set()
             await asyncio.sleep(self.interval_s)
 
     def close(self) -> None:

@@ -1,0 +1,88 @@
+"""Process helpers for integration tests: free ports, finding and killing our processes."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def free_ports(n: int, consecutive: bool = False) -> list[int]:
+    """``n`` ports free on 127.0.0.1 now (consecutive when asked)."""
+    for _ in range(200):
+        socks = []
+        try:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            base = s.getsockname()[1]
+            ports = [base]
+            for i in range(1, n):
+                t = socket.socket()
+                t.bind(("127.0.0.1", base + i if consecutive else 0))
+                socks.append(t)
+                ports.append(t.getsockname()[1])
+            return ports
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+def pids_matching(*needles: str) -> list[int]:
+    """Pids of live processes whose command line contains every needle."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{d}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "Z":
+            continue
+        if all(n in cmd for n in needles):
+            out.append(int(d))
+    return out
+
+
+def wait_http(url: str, timeout_s: float = 30.0, status: int = 200) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as r:
+                if r.status == status:
+                    return
+        except Exception as e:  # noqa: BLE001
+            last = e
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not answering {status} after {timeout_s} s: {last}")
+
+
+def spawn(args: list[str], log_path: str) -> subprocess.Popen[bytes]:
+    """``python -m motor ARGS`` in its own process group, output to ``log_path``."""
+    log = open(log_path, "ab")
+    return subprocess.Popen([sys.executable, "-m", "motor"] + args, stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop(p: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
