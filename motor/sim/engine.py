@@ -216,6 +216,7 @@ class Engine:
         self._unhang.set()
         self.slow_factor = 1.0
         self.task: asyncio.Task[None] | None = None
+        self.dead = False
         # counters for /admin/stats
         self.num_steps = 0
         self.num_finished = 0
@@ -226,11 +227,28 @@ class Engine:
 
     # -- control ------------------------------------------------------------------------
     def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self.run(), name="motor-sim-engine")
+        self.task = asyncio.get_running_loop().create_task(self._run_guarded(),
+                                                           name="motor-sim-engine")
+
+    async def _run_guarded(self) -> None:
+        """:meth:`run`; if it dies, every unfinished sequence ends with ``error``."""
+        try:
+            await self.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("the engine loop died")
+            self.dead = True
+            now = time.monotonic()
+            for s in list(self.waiting) + list(self.running):
+                if s.status != FINISHED:
+                    self._finish(s, "error", None, now)
+            self.waiting.clear()
+            self.running.clear()
 
     @property
     def alive(self) -> bool:
-        return self.task is not None and not self.task.done()
+        return self.task is not None and not self.task.done() and not self.dead
 
     async def stop(self) -> None:
         if self.task is not None and not self.task.done():

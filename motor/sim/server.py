@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from motor.http import HttpServer, Request, Response, Router
-from motor.protocol.openai import SSE_DONE, error_body
+from motor.protocol.openai import SSE_DONE, error_body, sse_error_event
 from motor.sim.engine import FINISHED, Engine, EngineConfig, EngineRequest, SamplingSpec, \
     Sequence, seed_material
 from motor.sim.faults import Faults
@@ -531,7 +531,10 @@ class SimServer:
             else:
                 await self._wait_done(resp, ereq, ctx)
                 if ereq.done and not resp.finished:
-                    resp.send(200, self._final_body(ereq, ctx), headers=headers)
+                    if eng.dead:
+                        resp.send(500, error_body(500, "the engine loop died"), headers=headers)
+                    else:
+                        resp.send(200, self._final_body(ereq, ctx), headers=headers)
         except asyncio.CancelledError:  # the client went away
             if not ereq.done:
                 self.num_disconnects += 1
@@ -636,6 +639,10 @@ class SimServer:
             if ereq.done and not ereq.dirty:
                 break
             await resp.drain()
+        assert self.engine is not None
+        if self.engine.dead:
+            resp.end(sse_error_event(500, "the engine loop died"))
+            return
         if ctx.include_usage:
             prompt, completion, cached = self._totals(ereq, ctx)
             final = {"id": ctx.resp_id,

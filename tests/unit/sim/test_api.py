@@ -258,3 +258,21 @@ def test_client_disconnect_aborts_the_request(sim):
     st = get_json(sim.port, "/admin/stats")
     assert st["running"] == 0 and st["waiting"] == 0 and st["kv_usage"] == 0.0
     assert st["disconnects"] >= 1
+
+
+def test_dead_engine_loop_fails_requests_and_health(model_dir):
+    from .helpers import SimThread
+
+    with SimThread(model_dir, engine={"time_scale": 0.05}) as s:
+        def boom(now):
+            raise RuntimeError("injected engine bug")
+
+        def arm():
+            s.server.engine._schedule = boom
+        s.call(arm)
+        status, d = post_json(s.port, "/v1/completions", {"prompt": "x", "max_tokens": 3})
+        assert status == 500 and d["error"]["code"] == 500
+        status, _, _ = request(s.port, "GET", "/health")
+        assert status == 503
+        status, d = post_json(s.port, "/v1/completions", {"prompt": "x", "max_tokens": 3})
+        assert status == 503
