@@ -17,8 +17,7 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "unit", "node_manager"))
-from helpers import FAKE_LAUNCHER, free_ports, pid_alive, wait_until  # noqa: E402
+from tests.unit.node_manager.helpers import FAKE_LAUNCHER, free_ports, pid_alive, wait_until  # noqa: E402
 
 ENV = dict(os.environ, MOTOR_LOG_LEVEL="info")
 

@@ -7,7 +7,7 @@ import json
 import socket
 
 import pytest
-from bench_fake_openai import MODEL, FakeOpenAI, answer_tokens
+from tests.unit.bench.bench_fake_openai import MODEL, FakeOpenAI, answer_tokens
 
 from motor.bench import BenchConfig, BenchError, format_table, run_bench
 from motor.bench import cli as bench_cli
