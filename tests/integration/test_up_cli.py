@@ -1,0 +1,60 @@
+"""`motor up` as a user runs it: prints the endpoint, serves, and Ctrl-C / SIGTERM leaves nothing."""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.support.procs import free_ports, pids_matching
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_up_serves_then_stops_everything(tmp_path, sig):
+    ctl, gw = free_ports(2)
+    base, _ = free_ports(2, consecutive=True)
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(f"""
+controller: {{port: {ctl}, heartbeat_interval_s: 0.2}}
+coordinator: {{port: {gw}}}
+nodes:
+  - name: n0
+    engines:
+      - {{name: sim, kind: sim, model: motor-sim, count: 2, base_port: {base},
+         health_interval_s: 0.2, engine_config: {{time-scale: 0.05}}}}
+""")
+    p = subprocess.Popen([sys.executable, "-m", "motor", "up", "-c", str(cfg),
+                          "--log-dir", str(tmp_path / "logs")],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        line = b""
+        deadline = time.monotonic() + 60
+        while b"motor is up" not in line and time.monotonic() < deadline:
+            r, _, _ = select.select([p.stdout], [], [], 1.0)
+            if r:
+                line = p.stdout.readline()
+                if not line:
+                    break
+        assert b"motor is up" in line and f":{gw}/v1".encode() in line, line
+        req = urllib.request.Request(f"http://127.0.0.1:{gw}/v1/completions",
+                                     data=json.dumps({"model": "motor-sim", "prompt": "hi",
+                                                      "max_tokens": 3}).encode(),
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert len(json.loads(r.read())["choices"][0]["text"]) == 3
+        os.kill(p.pid, sig)
+        assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    time.sleep(0.3)
+    assert pids_matching("motor", "--port", str(base)) == []
+    assert pids_matching("motor", "--port", str(base + 1)) == []
+    assert pids_matching("motor", "motor-cluster-") == []
