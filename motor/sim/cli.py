@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
 
 from motor.sim.engine import EngineConfig
-from motor.sim.faults import MODES, FaultError, Faults
+from motor.sim.faults import MODES, Faults
 from motor.sim.tokenizer import DEFAULT_MODEL_DIR
 
 logger = logging.getLogger("motor.sim")
@@ -121,10 +122,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kv.add_argument("--kv-events-topic", default="", help="topic frame of KV event messages")
     kv.add_argument("--kv-events-buffer-steps", type=_positive_int, default=10000,
                     help="batches kept for replay")
+    kv.add_argument("--kv-events-config", default=None, metavar="JSON",
+                    help="vLLM's flag, for drop-in configs: {enable_kv_cache_events, endpoint, "
+                         "replay_endpoint, topic, buffer_steps}; fills the options above")
+
+
+def _apply_kv_events_config(args: argparse.Namespace) -> None:
+    """Fill the --kv-events-* options from vLLM's --kv-events-config JSON."""
+    if not args.kv_events_config:
+        return
+    try:
+        cfg = json.loads(args.kv_events_config)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--kv-events-config is expected to be JSON, got "
+                         f"{args.kv_events_config!r} ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"--kv-events-config is expected to be a JSON object, got {cfg!r}")
+    enabled = cfg.get("enable_kv_cache_events", cfg.get("publisher") == "zmq")
+    if not enabled:
+        return
+    args.kv_events_endpoint = args.kv_events_endpoint or cfg.get("endpoint", "tcp://*:5557")
+    args.kv_events_replay_endpoint = (args.kv_events_replay_endpoint
+                                      or cfg.get("replay_endpoint"))
+    if "topic" in cfg:
+        args.kv_events_topic = str(cfg["topic"])
+    if "buffer_steps" in cfg:
+        args.kv_events_buffer_steps = int(cfg["buffer_steps"])
 
 
 def options_from_args(args: argparse.Namespace) -> "SimOptions":  # noqa: F821
     from motor.sim.server import SimOptions
+
+    _apply_kv_events_config(args)
 
     ec = EngineConfig(
         max_model_len=args.max_model_len, block_size=args.block_size,
@@ -133,7 +162,6 @@ def options_from_args(args: argparse.Namespace) -> "SimOptions":  # noqa: F821
         step_fixed_ms=args.step_fixed_ms, prefill_token_us=args.prefill_token_us,
         decode_token_us=args.decode_token_us, seed=args.seed,
         enable_prefix_caching=args.enable_prefix_caching, eos_prob=args.eos_prob,
-        record_kv_events=bool(args.kv_events_endpoint) and args.enable_prefix_caching,
     )
     fault = {"mode": args.fault, "status": args.fault_status, "tokens": args.fault_tokens,
              "factor": args.fault_factor, "count": args.fault_count}
@@ -156,8 +184,13 @@ async def _serve(opts: "SimOptions") -> int:  # noqa: F821
 
     server = SimServer(opts)
     port = await server.start()
+    kv = ""
+    if server.kv_publisher is not None:
+        kv = f" kv_events={server.kv_publisher.endpoint}"
+        if server.kv_publisher.replay_endpoint:
+            kv += f" kv_replay={server.kv_publisher.replay_endpoint}"
     print(f"motor sim listening on http://{opts.host}:{port} model={server.model_name} "
-          f"role={opts.role} dp_rank={opts.dp_rank}", flush=True)
+          f"role={opts.role} dp_rank={opts.dp_rank}{kv}", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -176,7 +209,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         opts = options_from_args(args)
-    except FaultError as e:
+    except ValueError as e:  # FaultError too
         print(f"motor sim: {e}", file=sys.stderr)
         return 2
     if opts.fault["mode"] == "crash" and opts.fault.get("count") is None:

@@ -12,6 +12,7 @@ See ``docs/sim.md`` for the request fields honoured and the fault API.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -157,7 +158,15 @@ class SimServer:
         """Start the engine loop and listen; returns the bound port."""
         self._unhang_health = asyncio.Event()
         self._unhang_health.set()
-        self.engine = Engine(self.opts.engine, self.metrics, on_kv_events=self._on_kv_events)
+        cfg = self.opts.engine
+        if self.opts.kv_events_endpoint:
+            from motor.sim.kv_events import KvEventPublisher
+            cfg = dataclasses.replace(cfg, record_kv_events=cfg.enable_prefix_caching)
+            self.kv_publisher = KvEventPublisher(
+                self.opts.kv_events_endpoint, self.opts.kv_events_replay_endpoint,
+                self.opts.kv_events_topic, cfg.block_size, dp_rank=self.opts.dp_rank,
+                buffer_steps=self.opts.kv_events_buffer_steps)
+        self.engine = Engine(cfg, self.metrics, on_kv_events=self._on_kv_events)
         self.engine.start()
         self._apply_global_fault()
         self.http = HttpServer(self._handle)
@@ -170,7 +179,7 @@ class SimServer:
         if self.engine is not None:
             await self.engine.stop()
         if self.kv_publisher is not None:
-            self.kv_publisher.close()
+            await self.kv_publisher.aclose()
             self.kv_publisher = None
 
     def _on_kv_events(self, events: list[tuple]) -> None:
@@ -199,6 +208,7 @@ class SimServer:
         r.add("POST", "/tokenize", self.tokenize)
         r.add("POST", "/detokenize", self.detokenize)
         r.add("POST", "/reset_prefix_cache", self.reset_prefix_cache)
+        r.add("GET", "/kv_event_sources", self.kv_event_sources)
         r.add("POST", "/admin/fault", self.admin_fault)
         r.add("GET", "/admin/fault", self.admin_fault_get)
         r.add("GET", "/admin/stats", self.admin_stats)
@@ -247,6 +257,12 @@ class SimServer:
         body = self.metrics.render(len(eng.running), len(eng.waiting), eng.pool.usage)
         resp.send(200, body, content_type=METRICS_CONTENT_TYPE)
 
+    async def kv_event_sources(self, req: Request, resp: Response) -> None:
+        src = {}
+        if self.kv_publisher is not None:
+            src[str(self.opts.dp_rank)] = self.kv_publisher.source()
+        resp.send(200, orjson.dumps(src))
+
     async def reset_prefix_cache(self, req: Request, resp: Response) -> None:
         assert self.engine is not None
         if self.engine.pool.reset_prefix_cache():
@@ -278,6 +294,12 @@ class SimServer:
         st = {"requests": dict(self.requests_by_path), "disconnects": self.num_disconnects,
               "dropped": self.num_dropped, "fault": self.faults.describe(),
               "role": self.opts.role, "dp_rank": self.opts.dp_rank, "pid": os.getpid()}
+        if self.kv_publisher is not None:
+            st["kv_events"] = {"endpoint": self.kv_publisher.endpoint,
+                               "replay_endpoint": self.kv_publisher.replay_endpoint,
+                               "next_seq": self.kv_publisher.seq,
+                               "published": self.kv_publisher.num_published,
+                               "dropped": self.kv_publisher.num_dropped}
         st.update(self.engine.stats())
         resp.send(200, orjson.dumps(st))
 
