@@ -7,8 +7,6 @@ simulators can live in one process (tests) without clashing. Gauges are set when
 """
 from __future__ import annotations
 
-from typing import Callable
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -105,6 +103,3 @@ class SimMetrics:
         self.num_requests_waiting.set(waiting)
         self.kv_cache_usage_perc.set(kv_usage)
         return generate_latest(self.registry)
-
-
-ObserveFn = Callable[[float], None]

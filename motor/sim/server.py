@@ -138,7 +138,7 @@ class SimServer:
     def __init__(self, opts: SimOptions) -> None:
         self.opts = opts
         self.model_name = opts.names[0]
-        self.tokenizer: SimTokenizer = load_tokenizer(opts.model_dir, opts.engine.max_model_len)
+        self.tokenizer: SimTokenizer = load_tokenizer(opts.model_dir)
         self.metrics = SimMetrics(self.model_name, opts.engine.max_model_len,
                                   engine=str(opts.dp_rank))
         self.faults = Faults()

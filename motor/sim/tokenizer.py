@@ -47,6 +47,10 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
+#: model_max_length / max_position_embeddings written to the directory: a constant, so that
+#: simulators with different --max-model-len can share one directory
+MODEL_MAX_LENGTH = 131072
+
 DEFAULT_MODEL_DIR = os.path.join(os.path.expanduser("~"), ".cache", "motor", "sim-tokenizer")
 
 
@@ -82,7 +86,7 @@ def build_tokenizer() -> Any:
     return tok
 
 
-def _model_files(max_model_len: int) -> dict[str, str]:
+def _model_files() -> dict[str, str]:
     """File name -> exact text of every file of the model directory."""
     tok_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -92,7 +96,7 @@ def _model_files(max_model_len: int) -> dict[str, str]:
         "unk_token": None,
         "add_bos_token": False,
         "add_eos_token": False,
-        "model_max_length": max_model_len,
+        "model_max_length": MODEL_MAX_LENGTH,
         "clean_up_tokenization_spaces": False,
         "chat_template": CHAT_TEMPLATE,
     }
@@ -101,7 +105,7 @@ def _model_files(max_model_len: int) -> dict[str, str]:
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": VOCAB_SIZE,
-        "max_position_embeddings": max_model_len,
+        "max_position_embeddings": MODEL_MAX_LENGTH,
         "bos_token_id": None,
         "eos_token_id": list(EOS_TOKEN_IDS),
         "pad_token_id": ENDOFTEXT_ID,
@@ -115,7 +119,7 @@ def _model_files(max_model_len: int) -> dict[str, str]:
     }
 
 
-def write_model_dir(path: str | os.PathLike[str] | None = None, max_model_len: int = 4096) -> Path:
+def write_model_dir(path: str | os.PathLike[str] | None = None) -> Path:
     """Write (or refresh) the tokenizer model directory at ``path``; returns it.
 
     Files whose content is already right are left alone; others are written to a
@@ -123,8 +127,21 @@ def write_model_dir(path: str | os.PathLike[str] | None = None, max_model_len: i
     directory never see a half-written file.
     """
     d = Path(path or DEFAULT_MODEL_DIR).expanduser()
-    d.mkdir(parents=True, exist_ok=True)
-    for name, text in _model_files(max_model_len).items():
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        _write_files(d)
+    except OSError:
+        if path is not None and str(path) != DEFAULT_MODEL_DIR:
+            raise
+        # no writable home (containers): fall back to a per-user temp directory
+        d = Path(tempfile.gettempdir()) / f"motor-sim-tokenizer-{os.getuid()}"
+        d.mkdir(parents=True, exist_ok=True)
+        _write_files(d)
+    return d
+
+
+def _write_files(d: Path) -> None:
+    for name, text in _model_files().items():
         target = d / name
         try:
             if target.read_text(encoding="utf-8") == text:
@@ -142,7 +159,6 @@ def write_model_dir(path: str | os.PathLike[str] | None = None, max_model_len: i
             except OSError:
                 pass
             raise
-    return d
 
 
 class SimTokenizer:
@@ -188,6 +204,6 @@ class SimTokenizer:
         return text
 
 
-def load(model_dir: str | os.PathLike[str] | None = None, max_model_len: int = 4096) -> SimTokenizer:
+def load(model_dir: str | os.PathLike[str] | None = None) -> SimTokenizer:
     """Write the model directory if needed and load it."""
-    return SimTokenizer(write_model_dir(model_dir, max_model_len))
+    return SimTokenizer(write_model_dir(model_dir))
