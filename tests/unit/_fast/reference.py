@@ -229,3 +229,128 @@ def pick(*args, start=0, **kwargs):
     best = min(range(k), key=lambda r: (result[order[r]][0], result[order[r]][1], r))
     pos = order[best]
     return cands[pos], result[pos][0]
+
+
+# ---------------------------------------------------------------- ring
+
+RECORD_PAD, RECORD_OVERFLOW, RECORD_USER = 0, 1, 16
+
+
+def _total(n: int) -> int:
+    return 8 + ((n + 7) & ~7)
+
+
+@dataclass
+class Ring:
+    """Reference SPSC ring: same byte layout and space rules, one process, no atomics."""
+
+    capacity: int
+    data: bytearray = field(init=False)
+    head: int = 0
+    tail: int = 0
+    overflows: int = 0
+    pending_drops: int = 0
+
+    def __post_init__(self) -> None:
+        if self.capacity < 64 or self.capacity & (self.capacity - 1):
+            raise ValueError("capacity_bytes is expected to be a power of two in 64..2**40")
+        self.data = bytearray(self.capacity)
+
+    @property
+    def used_bytes(self) -> int:
+        return self.tail - self.head
+
+    def _reserve(self, t: int, total: int):
+        off = t % self.capacity
+        contiguous = self.capacity - off
+        need = total if total <= contiguous else contiguous + total
+        if t + need - self.head > self.capacity:
+            return None
+        if total > contiguous:
+            self.data[off:off + 8] = struct.pack("<II", contiguous - 8, RECORD_PAD)
+            t += contiguous
+            off = 0
+        return off, t + total
+
+    def _write(self, off: int, rtype: int, payload: bytes) -> None:
+        total = _total(len(payload))
+        self.data[off:off + total] = (struct.pack("<II", len(payload), rtype) + payload
+                                      + bytes(total - 8 - len(payload)))
+
+    def _push(self, rtype: int, payload: bytes, count_drop: bool) -> bool:
+        payload = bytes(payload)
+        if not RECORD_USER <= rtype <= 0xFFFFFFFF:
+            raise ValueError("record_type is expected to be in 16..2**32-1")
+        if _total(len(payload)) > self.capacity // 2:
+            raise ValueError("payload is expected to be <= capacity // 2 - 8 bytes")
+        t = self.tail
+        marker = None
+        if self.pending_drops:
+            r = self._reserve(t, 16)
+            if r is None:
+                rec = None
+            else:
+                marker, t = r
+                rec = self._reserve(t, _total(len(payload)))
+        else:
+            rec = self._reserve(t, _total(len(payload)))
+        if rec is None:
+            if count_drop:
+                self.pending_drops += 1
+                self.overflows += 1
+            return False
+        if marker is not None:
+            self._write(marker, RECORD_OVERFLOW, struct.pack("<Q", self.pending_drops))
+            self.pending_drops = 0
+        off, t = rec
+        self._write(off, rtype, payload)
+        self.tail = t
+        return True
+
+    def push(self, rtype, payload) -> bool:
+        return self._push(rtype, payload, True)
+
+    def try_push(self, rtype, payload) -> bool:
+        return self._push(rtype, payload, False)
+
+    def push_many(self, rtype, payloads) -> int:
+        n = 0
+        for p in payloads:
+            if not self._push(rtype, p, False):
+                break
+            n += 1
+        return n
+
+    def _next(self, h: int):
+        while h != self.tail:
+            off = h % self.capacity
+            length, rtype = struct.unpack_from("<II", self.data, off)
+            if rtype == RECORD_PAD:
+                h += 8 + length
+                continue
+            return h, off, length, rtype
+        return None
+
+    def peek(self):
+        r = self._next(self.head)
+        if r is None:
+            return None
+        _, off, length, rtype = r
+        return rtype, bytes(self.data[off + 8:off + 8 + length])
+
+    def pop(self):
+        r = self._next(self.head)
+        if r is None:
+            return None
+        h, off, length, rtype = r
+        self.head = h + _total(length)
+        return rtype, bytes(self.data[off + 8:off + 8 + length])
+
+    def pop_many(self, max_records=1024):
+        out = []
+        while len(out) < max_records:
+            r = self.pop()
+            if r is None:
+                break
+            out.append(r)
+        return out
