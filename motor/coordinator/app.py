@@ -43,7 +43,8 @@ def parse_backend(spec: str) -> tuple[Role, str, int]:
 
 async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                 controller_url: str | None = None, stop: asyncio.Event | None = None,
-                ready_file: str | None = None) -> None:
+                ready_file: str | None = None, reuse_port: bool = False,
+                worker_index: int = 0) -> None:
     """Run until ``stop`` is set or SIGTERM/SIGINT; then drain in-flight requests."""
     c = cfg.coordinator
     client = Client(max_connections_per_endpoint=c.max_connections_per_endpoint,
@@ -64,11 +65,11 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     tasks.append(asyncio.ensure_future(source.run()))
 
     server = HttpServer(coord.router, max_body_bytes=c.max_body_bytes)
-    port = await server.listen(c.host, c.port)
+    port = await server.listen(c.host, c.port, reuse_port=reuse_port)
     mode = "standalone, %d backend(s)" % len(backends) if backends else \
         f"following controller {controller_url or cfg.controller.url}"
-    logger.info("coordinator listening on http://%s:%d (%s, mode=%s, policy=%s)",
-                c.host, port, mode, c.mode.value, policy.name)
+    logger.info("coordinator worker %d listening on http://%s:%d (%s, mode=%s, policy=%s)",
+                worker_index, c.host, port, mode, c.mode.value, policy.name)
     if ready_file:
         with open(ready_file, "w") as f:
             f.write(str(port))
@@ -92,6 +93,9 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
 
 def run(cfg: ClusterConfig, backends: list[str] | None = None,
         controller_url: str | None = None) -> int:
+    if cfg.coordinator.workers > 1:
+        from motor.coordinator.supervisor import run_workers
+        return run_workers(cfg, backends, controller_url, cfg.coordinator.workers)
     install_uvloop()
     asyncio.run(serve(cfg, backends, controller_url,
                       ready_file=os.environ.get("MOTOR_READY_FILE")))

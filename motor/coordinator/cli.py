@@ -27,8 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="routing policy (overrides coordinator.policy)")
     p.add_argument("--mode", choices=[x.value for x in DeploymentMode],
                    help="deployment mode (overrides coordinator.mode)")
-    p.add_argument("--workers", type=int, help="ingress worker processes (overrides "
-                                               "coordinator.workers; this version runs 1)")
+    p.add_argument("--workers", type=int, help="ingress worker processes on the same port "
+                                               "(SO_REUSEPORT; overrides coordinator.workers)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -45,9 +45,6 @@ def main(args: argparse.Namespace) -> int:
         from motor.coordinator.app import parse_backend, run
         for b in args.backend:
             parse_backend(b)
-        if cfg.coordinator.workers > 1:
-            logger.warning("coordinator.workers=%d: this version runs one worker process",
-                           cfg.coordinator.workers)
         from motor.coordinator.policy import make_policy
         make_policy(cfg.coordinator.policy.value)
         from motor.coordinator.server import Coordinator  # noqa: F401

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from typing import Any
 
 import orjson
-from prometheus_client import generate_latest
 
 from motor.config.schema import CoordinatorConfig, DeploymentMode, Role
 from motor.coordinator import metrics
@@ -128,7 +128,8 @@ class Coordinator:
                                          "instance_table_synced": synced}))
 
     async def _on_metrics(self, req: Request, resp: Response) -> None:
-        resp.send(200, generate_latest(metrics.REGISTRY),
+        from motor.coordinator.supervisor import render_metrics
+        resp.send(200, render_metrics(),
                   content_type=b"text/plain; version=0.0.4; charset=utf-8")
 
     async def _on_instances(self, req: Request, resp: Response) -> None:
@@ -137,7 +138,8 @@ class Coordinator:
                 "models": sorted(e.models), "ready": e.ready, "routable": e.routable(now),
                 "inflight": e.inflight, "inflight_tokens": e.inflight_tokens}
                for e in self.table.endpoints.values()]
-        resp.send(200, orjson.dumps({"version": self.table.version, "endpoints": out}))
+        resp.send(200, orjson.dumps({"version": self.table.version, "worker_pid": os.getpid(),
+                                     "endpoints": out}))
 
     async def _on_models(self, req: Request, resp: Response) -> None:
         """Models of every routable endpoint, aggregated (not one worker's answer)."""
@@ -200,6 +202,8 @@ class Coordinator:
         if not isinstance(max_tokens, int):
             max_tokens = 0
         info = RequestInfo(model, _estimate_prompt_tokens(body, len(raw)), max_tokens)
+        if self.policy.uses_prefix:  # kv_affinity: routing key = the tokenized request
+            self.policy.prepare(info, route.name, body)
         tokens = info.prompt_tokens + max_tokens
 
         tried: set[EndpointState] = set()
@@ -214,7 +218,9 @@ class Coordinator:
             if ep is None:
                 break
             tried.add(ep)
-            ep.acquire(tokens)
+            prefill_tokens = info.prefill_tokens
+            ep.acquire(tokens, prefill_tokens, max_tokens)
+            self.policy.routed(ep, info)
             try:
                 try:
                     up = await ep.pool.request(b"POST", route.path, raw, fwd,
@@ -247,7 +253,7 @@ class Coordinator:
                 await self._relay(route, up, resp, rid_header, ep, t0)
                 return
             finally:
-                ep.release(tokens)
+                ep.release(tokens, prefill_tokens, max_tokens)
         self._fail(route, resp, 502 if tried else 503,
                    f"no engine could take the request after {len(tried)} attempt(s): {last_error}",
                    rid_header)
