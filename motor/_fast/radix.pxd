@@ -45,6 +45,7 @@ cdef class PrefixIndex:
     cdef double *_ts                 # last store time (clamped non-decreasing)
     cdef uint32_t *_prev             # LRU list (head = oldest); free list via _next
     cdef uint32_t *_next
+    cdef uint32_t *_hint             # last stored child of a node (verified by key on use)
     cdef uint32_t _lru_head
     cdef uint32_t _lru_tail
     cdef uint32_t _free_head

@@ -111,6 +111,7 @@ cdef class PrefixIndex:
         self._ts = NULL
         self._prev = NULL
         self._next = NULL
+        self._hint = NULL
         self._inst_blocks = NULL
         self._seg_start = NULL
         self._node_cap = 0
@@ -155,6 +156,7 @@ cdef class PrefixIndex:
         free(self._ts); self._ts = NULL
         free(self._prev); self._prev = NULL
         free(self._next); self._next = NULL
+        free(self._hint); self._hint = NULL
         free(self._inst_blocks); self._inst_blocks = NULL
         free(self._seg_start); self._seg_start = NULL
         self._node_cap = 0
@@ -173,7 +175,9 @@ cdef class PrefixIndex:
         cdef double *ts
         cdef uint32_t *prev
         cdef uint32_t *nxt
-        cdef uint32_t n = 0, node, i
+        cdef uint32_t *hint
+        cdef uint32_t *remap = NULL
+        cdef uint32_t n = 0, node, i, old
         cdef int stride = self._stride
         if node_cap < <uint64_t>self.n_nodes or node_cap >= RADIX_NO_NODE:
             raise MemoryError(f"PrefixIndex cannot hold {node_cap} nodes")
@@ -186,10 +190,16 @@ cdef class PrefixIndex:
         ts = <double *>radix_aligned_calloc(node_cap * sizeof(double))
         prev = <uint32_t *>radix_aligned_calloc(node_cap * sizeof(uint32_t))
         nxt = <uint32_t *>radix_aligned_calloc(node_cap * sizeof(uint32_t))
+        hint = <uint32_t *>radix_aligned_calloc(node_cap * sizeof(uint32_t))
+        if self._node_cap:
+            remap = <uint32_t *>malloc(self._node_cap * sizeof(uint32_t))
         if (slots == NULL or keys == NULL or bits == NULL or ts == NULL or prev == NULL
-                or nxt == NULL):
+                or nxt == NULL or hint == NULL or (self._node_cap and remap == NULL)):
             free(slots); free(keys); free(bits); free(ts); free(prev); free(nxt)
+            free(hint); free(remap)
             raise MemoryError()
+        for i in range(self._node_cap):
+            remap[i] = RADIX_NO_NODE
         node = self._lru_head
         while node != RADIX_NO_NODE:
             keys[n] = self._keys[node]
@@ -198,12 +208,19 @@ cdef class PrefixIndex:
             ts[n] = self._ts[node]
             prev[n] = n - 1 if n > 0 else RADIX_NO_NODE
             nxt[n] = n + 1
+            hint[n] = self._hint[node]     # old id, remapped below
+            remap[node] = n
             n += 1
             node = self._next[node]
         if n > 0:
             nxt[n - 1] = RADIX_NO_NODE
+        for i in range(n):
+            old = hint[i]
+            hint[i] = remap[old] if old != RADIX_NO_NODE else RADIX_NO_NODE
+        free(remap)
         for i in range(n, node_cap):
             keys[i] = 0
+            hint[i] = RADIX_NO_NODE
             nxt[i] = i + 1 if i + 1 < node_cap else RADIX_NO_NODE
         self._free_all_nodes_only()
         self._slots = slots
@@ -212,6 +229,7 @@ cdef class PrefixIndex:
         self._ts = ts
         self._prev = prev
         self._next = nxt
+        self._hint = hint
         self._node_cap = node_cap
         self._slot_mask = slot_cap - 1
         self._slot_shift = shift
@@ -230,6 +248,7 @@ cdef class PrefixIndex:
         free(self._ts); self._ts = NULL
         free(self._prev); self._prev = NULL
         free(self._next); self._next = NULL
+        free(self._hint); self._hint = NULL
 
     cdef uint32_t _find(self, uint64_t key) noexcept nogil:
         cdef uint64_t i
@@ -299,6 +318,7 @@ cdef class PrefixIndex:
         node = self._free_head
         self._free_head = self._next[node]
         self._keys[node] = key
+        self._hint[node] = RADIX_NO_NODE
         memset(self._bits + <size_t>node * self._stride, 0, self._stride * sizeof(uint64_t))
         self._lru_push_tail(node)
         self._table_insert(key, node)
@@ -399,7 +419,8 @@ cdef class PrefixIndex:
         cdef Py_buffer view
         cdef const uint64_t *h
         cdef Py_ssize_t n, k
-        cdef uint32_t node
+        cdef uint32_t node, parent, child = RADIX_NO_NODE
+        cdef int64_t rebuilds
         cdef uint64_t bit
         cdef uint64_t *b
         cdef int w
@@ -419,10 +440,11 @@ cdef class PrefixIndex:
                                      f"(0 is the root sentinel), got 0")
             w = instance >> 6
             bit = (<uint64_t>1) << (instance & 63)
+            parent = RADIX_NO_NODE
             if parent_hash != 0:
-                node = self._find(parent_hash)
-                if (node == RADIX_NO_NODE or
-                        not (self._bits[<size_t>node * self._stride + 4 * w] & bit)):
+                parent = self._find(parent_hash)
+                if (parent == RADIX_NO_NODE or
+                        not (self._bits[<size_t>parent * self._stride + 4 * w] & bit)):
                     self.n_orphan_stores += 1
             if now > self.last_store_time:
                 self.last_store_time = now
@@ -432,16 +454,27 @@ cdef class PrefixIndex:
             for k in range(n - 1, -1, -1):
                 node = self._find(h[k])
                 if node == RADIX_NO_NODE:
+                    rebuilds = self._debug_rebuilds
                     node = self._alloc_node(h[k])
+                    if rebuilds != self._debug_rebuilds and child != RADIX_NO_NODE:
+                        child = self._find(h[k + 1])     # ids were compacted
                 elif node != self._lru_tail:
                     self._lru_unlink(node)
                     self._lru_push_tail(node)
                 self._ts[node] = ts
+                if child != RADIX_NO_NODE:
+                    self._hint[node] = child
+                child = node
                 b = self._bits + <size_t>node * self._stride + 4 * w
                 if not (b[1 + tier] & bit):
                     b[1 + tier] |= bit
                     b[0] |= bit
                     added += 1
+            if parent != RADIX_NO_NODE and child != RADIX_NO_NODE:
+                # _alloc_node may have rebuilt the arrays: look the parent up again
+                parent = self._find(parent_hash)
+                if parent != RADIX_NO_NODE:
+                    self._hint[parent] = child
             self.n_blocks += added
             self._inst_blocks[instance] += added
         finally:
@@ -645,6 +678,9 @@ cdef class PrefixIndex:
         cdef int32_t *seg = self._seg_start
         cdef const RadixSlot *slots = self._slots
         cdef const uint64_t *bits = self._bits
+        cdef const uint64_t *keys = self._keys
+        cdef const uint32_t *hint = self._hint
+        cdef int misses = RADIX_PREFETCH_SLOTS
         for w in range(W):
             active[w] = ~(<uint64_t>0)
             p0[w] = 0
@@ -663,10 +699,23 @@ cdef class PrefixIndex:
             if node != RADIX_NO_NODE:
                 mf_prefetch(bits + <size_t>node * stride)
         for j in range(n):
-            if j + RADIX_PREFETCH_SLOTS < n:
+            # Table slots are prefetched only while child hints miss.
+            if misses and j + RADIX_PREFETCH_SLOTS < n:
                 mf_prefetch(&slots[_home(q[j + RADIX_PREFETCH_SLOTS], shift)])
             if j + RADIX_PREFETCH_NODES < n:
-                node = self._find(q[j + RADIX_PREFETCH_NODES])
+                # The previous block's last stored child is usually this block:
+                # checking it (one key compare) skips the random table probe.
+                node = ring[(j + RADIX_PREFETCH_NODES - 1) & 31]
+                if node != RADIX_NO_NODE:
+                    node = hint[node]
+                    if node != RADIX_NO_NODE and (keys[node] != q[j + RADIX_PREFETCH_NODES]
+                                                  or keys[node] == 0):
+                        node = RADIX_NO_NODE
+                if node == RADIX_NO_NODE:
+                    node = self._find(q[j + RADIX_PREFETCH_NODES])
+                    misses = RADIX_PREFETCH_SLOTS
+                elif misses:
+                    misses -= 1
                 ring[(j + RADIX_PREFETCH_NODES) & 31] = node
                 if node != RADIX_NO_NODE:
                     mf_prefetch(bits + <size_t>node * stride)
@@ -798,12 +847,12 @@ cdef class PrefixIndex:
         """Bytes of C memory owned: table slots + node arrays + per-instance arrays.
 
         Per node slot: 16 * 2 (table) + 8 (hash) + 32 * ceil(max_instances/64)
-        (masks) + 8 (time) + 8 (LRU links). Capacity doubles when full and halves
+        (masks) + 8 (time) + 8 (LRU links) + 4 (child hint). Capacity doubles when full and halves
         (by rebuild) below a quarter full, floor 1024 nodes.
         """
         cdef size_t per_node = (RADIX_SLOTS_PER_NODE * sizeof(RadixSlot) + sizeof(uint64_t)
                                 + self._stride * sizeof(uint64_t) + sizeof(double)
-                                + 2 * sizeof(uint32_t))
+                                + 3 * sizeof(uint32_t))
         return (<size_t>self._node_cap * per_node
                 + self.max_instances * (sizeof(int64_t) + sizeof(int32_t)))
 

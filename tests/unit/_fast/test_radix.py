@@ -336,3 +336,19 @@ def test_large_random_workload_agrees_with_the_reference(seed):
     for c in chains:
         assert m(c_ix, c).tolist() == r_ix.match(c)
     c_ix._check_invariants()
+
+
+def test_branches_from_a_shared_prefix_match_independently(make):
+    """The index keeps one child hint per node; the other branch must still match."""
+    ix = make(4)
+    trunk = chain(300, 3)
+    left = block_hashes(np.arange(16, dtype=np.uint32), 4, parent=int(trunk[-1]))
+    right = block_hashes(np.arange(100, 116, dtype=np.uint32), 4, parent=int(trunk[-1]))
+    ix.store(0, DEV, 0, np.concatenate([trunk, left]))
+    ix.store(1, HOST, int(trunk[-1]), right)
+    ix.store(1, HOST, 0, trunk)
+    ql, qr = np.concatenate([trunk, left]), np.concatenate([trunk, right])
+    assert m(ix, ql)[:2].tolist() == [[7, 0, 0], [0, 3, 0]]
+    assert m(ix, qr)[:2].tolist() == [[3, 0, 0], [0, 7, 0]]
+    ix.remove(1, HOST, right[:1])
+    assert m(ix, qr)[1].tolist() == [0, 3, 0]

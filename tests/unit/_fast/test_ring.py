@@ -78,6 +78,9 @@ def test_wraparound_inserts_a_pad_and_keeps_records_whole(make_ring):
         assert r.push(USER, payload), i
         assert r.pop() == (USER, payload)
     assert r.used_bytes == 0
+    if isinstance(r, Ring):
+        assert r._debug_pads > 0
+        assert (r._debug_checks > 0) if ring.DEBUG else (r._debug_checks == 0)
 
 
 def test_full_ring_drops_counts_and_marks_the_gap(make_ring):
