@@ -68,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="directory where the byte-level tokenizer model directory is written "
                           "(tokenizer.json, tokenizer_config.json with the chat template, ...)")
     srv.add_argument("--role", choices=["union", "prefill", "decode"], default="union",
-                     help="PD role (only union behaviour is simulated; the role is reported)")
+                     help="PD role: prefill / decode take part in the PD handshakes "
+                          "(kv_transfer_params, metaserver, bootstrap rooms; docs/sim.md)")
     srv.add_argument("--dp-rank", type=int, default=0,
                      help="data-parallel rank (reported; the metrics' engine label)")
     _bool_flag(srv, "enable-prompt-tokens-details", False,
@@ -113,6 +114,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="how many next requests a per-request fault hits (default: all); "
                          "for crash: crash on the COUNT-th generation request")
 
+    pd = parser.add_argument_group("prefill/decode disaggregation (--role prefill|decode)")
+    pd.add_argument("--kv-transfer-ms-per-block", type=_non_negative_float, default=0.2,
+                    help="simulated KV transfer time per block on the decode side, in ms "
+                         "(times --time-scale)")
+    pd.add_argument("--kv-lease-s", type=_non_negative_float, default=30.0,
+                    help="prefill-first: how long P holds blocks that no decode has read")
+    pd.add_argument("--disaggregation-bootstrap-port", type=int, default=0,
+                    help="prefill role: port of the SGLang-style bootstrap server "
+                         "(0 = any free port; reported by GET /server_info)")
+    pd.add_argument("--bootstrap-timeout-s", type=_non_negative_float, default=30.0,
+                    help="how long a leg waits for its peer (bootstrap room, metaserver push)")
+
     kv = parser.add_argument_group("KV events")
     kv.add_argument("--kv-events-endpoint", default=None,
                     help="ZMQ PUB endpoint for KV events in vLLM's format, e.g. "
@@ -151,6 +164,7 @@ def _apply_kv_events_config(args: argparse.Namespace) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> "SimOptions":  # noqa: F821
+    from motor.sim.pd import PdOptions
     from motor.sim.server import SimOptions
 
     _apply_kv_events_config(args)
@@ -175,6 +189,10 @@ def options_from_args(args: argparse.Namespace) -> "SimOptions":  # noqa: F821
         kv_events_endpoint=args.kv_events_endpoint,
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,
         kv_events_topic=args.kv_events_topic, kv_events_buffer_steps=args.kv_events_buffer_steps,
+        pd=PdOptions(kv_transfer_ms_per_block=args.kv_transfer_ms_per_block,
+                     kv_lease_s=args.kv_lease_s,
+                     bootstrap_port=args.disaggregation_bootstrap_port,
+                     bootstrap_timeout_s=args.bootstrap_timeout_s),
     )
     return opts
 

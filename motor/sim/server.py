@@ -29,6 +29,7 @@ from motor.sim.engine import FINISHED, Engine, EngineConfig, EngineRequest, Samp
 from motor.sim.faults import Faults
 from motor.sim.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from motor.sim.metrics import SimMetrics
+from motor.sim.pd import PdError, PdOptions, PdSim, Plan
 from motor.sim.tokenizer import SimTokenizer
 from motor.sim.tokenizer import load as load_tokenizer
 
@@ -56,6 +57,7 @@ class SimOptions:
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = ""
     kv_events_buffer_steps: int = 10000
+    pd: PdOptions = field(default_factory=PdOptions)
 
     @property
     def names(self) -> list[str]:
@@ -110,7 +112,7 @@ class _Ctx:
     """Per-request response context: ids, names, what to include."""
     __slots__ = ("resp_id", "created", "model", "chat", "prompt_ids", "n", "return_token_ids",
                  "include_usage", "continuous_usage", "prompt_details", "prefix", "drop_after",
-                 "tokens_sent")
+                 "tokens_sent", "kv_transfer_params")
 
     def __init__(self, resp_id: str, model: str, chat: bool, prompt_ids: list[list[int]],
                  n: int) -> None:
@@ -126,6 +128,7 @@ class _Ctx:
         self.prompt_details = False
         self.drop_after: int | None = None
         self.tokens_sent = 0
+        self.kv_transfer_params: dict[str, Any] | None = None
         obj = "chat.completion.chunk" if chat else "text_completion"
         self.prefix = (b'data: {"id":' + orjson.dumps(resp_id) + b',"object":"' + obj.encode()
                        + b'","created":' + str(self.created).encode() + b',"model":'
@@ -151,6 +154,7 @@ class SimServer:
         self.num_disconnects = 0
         self.num_dropped = 0
         self.kv_publisher: Any = None
+        self.pd = PdSim(self, opts.pd)
         self.router = self._build_router()
 
     # -- life cycle -----------------------------------------------------------------------
@@ -171,11 +175,13 @@ class SimServer:
         self._apply_global_fault()
         self.http = HttpServer(self._handle)
         self.port = await self.http.listen(self.opts.host, self.opts.port)
+        await self.pd.start()
         return self.port
 
     async def stop(self, drain_timeout_s: float = 1.0) -> None:
         if self.http is not None:
             await self.http.shutdown(drain_timeout_s)
+        await self.pd.stop()
         if self.engine is not None:
             await self.engine.stop()
         if self.kv_publisher is not None:
@@ -212,6 +218,7 @@ class SimServer:
         r.add("POST", "/admin/fault", self.admin_fault)
         r.add("GET", "/admin/fault", self.admin_fault_get)
         r.add("GET", "/admin/stats", self.admin_stats)
+        self.pd.routes(r)
         return r
 
     async def _handle(self, req: Request, resp: Response) -> None:
@@ -293,7 +300,8 @@ class SimServer:
         assert self.engine is not None
         st = {"requests": dict(self.requests_by_path), "disconnects": self.num_disconnects,
               "dropped": self.num_dropped, "fault": self.faults.describe(),
-              "role": self.opts.role, "dp_rank": self.opts.dp_rank, "pid": os.getpid()}
+              "role": self.opts.role, "dp_rank": self.opts.dp_rank, "pid": os.getpid(),
+              "pd": dict(self.pd.stats)}
         if self.kv_publisher is not None:
             st["kv_events"] = {"endpoint": self.kv_publisher.endpoint,
                                "replay_endpoint": self.kv_publisher.replay_endpoint,
@@ -521,6 +529,28 @@ class SimServer:
             return
 
         resp_id = ("chatcmpl-" if chat else "cmpl-") + base_id
+        try:
+            plan = await self.pd.prepare(body, prompts, n, base_id, resp_id, chat)
+        except asyncio.CancelledError:  # the client went away during the KV handshake
+            self.num_disconnects += 1
+            raise
+        except PdError as e:
+            resp.send(e.status, error_body(e.status, e.message), headers=headers)
+            return
+        if plan.force_max_tokens_1:
+            spec.max_tokens = 1
+        try:
+            await self._run(req, resp, body, prompts, spec, n, stream, so, fault, base_id,
+                            resp_id, headers, chat, plan)
+        finally:
+            self.pd.done(plan)
+
+    async def _run(self, req: Request, resp: Response, body: dict[str, Any],
+                   prompts: list[list[int]], spec: SamplingSpec, n: int, stream: bool,
+                   so: Any, fault: str | None, base_id: str, resp_id: str,
+                   headers: list[tuple[bytes, bytes]], chat: bool, plan: Plan) -> None:
+        eng = self.engine
+        assert eng is not None
         ctx = _Ctx(resp_id, self.model_name, chat, prompts, n)
         ctx.return_token_ids = _get_bool(body, "return_token_ids", False)
         ctx.prompt_details = self.opts.enable_prompt_tokens_details
@@ -549,20 +579,25 @@ class SimServer:
         try:
             if stream:
                 resp.start(200, headers=headers)
-                await self._stream(resp, ereq, ctx)
+                await self._stream(resp, ereq, ctx, plan)
             else:
                 await self._wait_done(resp, ereq, ctx)
                 if ereq.done and not resp.finished:
                     if eng.dead:
                         resp.send(500, error_body(500, "the engine loop died"), headers=headers)
-                    else:
-                        resp.send(200, self._final_body(ereq, ctx), headers=headers)
+                        return
+                    try:
+                        ctx.kv_transfer_params = await self.pd.before_answer(plan)
+                    except PdError as e:
+                        resp.send(e.status, error_body(e.status, e.message), headers=headers)
+                        return
+                    resp.send(200, self._final_body(ereq, ctx), headers=headers)
         except asyncio.CancelledError:  # the client went away
-            if not ereq.done:
+            if not ereq.done or not resp.finished:
                 self.num_disconnects += 1
             raise
         except ConnectionError:
-            if not ereq.done:
+            if not ereq.done or not resp.finished:
                 self.num_disconnects += 1
         finally:
             if not ereq.done:
@@ -623,7 +658,7 @@ class SimServer:
                 "model": ctx.model, "choices": choices, "service_tier": None,
                 "system_fingerprint": None, "usage": usage, "prompt_logprobs": None,
                 "prompt_token_ids": ctx.prompt_ids[0] if rt else None,
-                "kv_transfer_params": None})
+                "kv_transfer_params": ctx.kv_transfer_params})
         choices = [{
             "index": s.index, "text": s.text, "logprobs": None,
             "finish_reason": s.finish_reason, "stop_reason": s.stop_reason,
@@ -633,9 +668,11 @@ class SimServer:
         return orjson.dumps({
             "id": ctx.resp_id, "object": "text_completion", "created": ctx.created,
             "model": ctx.model, "choices": choices, "service_tier": None,
-            "system_fingerprint": None, "usage": usage, "kv_transfer_params": None})
+            "system_fingerprint": None, "usage": usage,
+            "kv_transfer_params": ctx.kv_transfer_params})
 
-    async def _stream(self, resp: Response, ereq: EngineRequest, ctx: _Ctx) -> None:
+    async def _stream(self, resp: Response, ereq: EngineRequest, ctx: _Ctx,
+                      plan: Plan | None = None) -> None:
         if ctx.chat:
             first = []
             for s in ereq.seqs:
@@ -665,6 +702,12 @@ class SimServer:
         if self.engine.dead:
             resp.end(sse_error_event(500, "the engine loop died"))
             return
+        if plan is not None and plan.mode:
+            try:
+                await self.pd.before_answer(plan)   # vLLM streams carry no kv_transfer_params
+            except PdError as e:
+                resp.end(sse_error_event(e.status, e.message))
+                return
         if ctx.include_usage:
             prompt, completion, cached = self._totals(ereq, ctx)
             final = {"id": ctx.resp_id,
