@@ -80,6 +80,73 @@ class RetryConfig(_Strict):
     backoff_s: float = Field(0.02, ge=0, description="sleep before the 2nd attempt; doubles each time")
 
 
+class KvTierCreditConfig(_Strict):
+    """Share of a cached block's prefill that ``kv_affinity`` counts as saved, per tier."""
+    device: float = Field(1.0, ge=0, le=1, description="accelerator memory (HBM; vLLM medium `GPU`)")
+    host: float = Field(0.75, ge=0, le=1, description="host DRAM (`CPU`, `cpu`, `CPU_PINNED`)")
+    disk: float = Field(0.25, ge=0, le=1, description="disk / remote store (`STORAGE`, `DISK`, `EXTERNAL`)")
+
+
+class ApproximateMode(str, Enum):
+    """When the coordinator inserts what it routed into an approximate prefix index."""
+    AUTO = "auto"   #: for endpoints without a KV-event publisher
+    ON = "on"       #: for every endpoint (alongside events)
+    OFF = "off"
+
+
+class KvApproximateConfig(_Strict):
+    """Approximate mode: without KV events, remember which blocks were routed where."""
+    mode: ApproximateMode = ApproximateMode.AUTO
+    ttl_s: float = Field(300.0, gt=0, description="a routed block is forgotten this long after it "
+                                                  "was last routed")
+    max_blocks: int = Field(1_000_000, ge=1, description="cap of distinct blocks remembered per "
+                                                         "instance group (least recently routed go "
+                                                         "first)")
+
+
+class KvGroupConfig(_Strict):
+    """Settings of one instance group (the instances serving one model)."""
+    approximate: KvApproximateConfig = Field(default_factory=KvApproximateConfig)
+
+
+class KvEventsConfig(_Strict):
+    """Subscription to the engines' KV-event publishers (ZMQ SUB)."""
+    enabled: bool = Field(True, description="subscribe to every instance that has a `kv_events` address")
+    replay_timeout_s: float = Field(
+        1.0, gt=0, description="after a sequence gap, wait this long for the replay socket's answer; "
+                               "without replay (or on timeout) the instance's blocks are purged")
+    backends: dict[str, str] = Field(
+        default_factory=dict,
+        description="standalone mode (`--backend`): backend URL http://HOST:PORT -> its KV-event "
+                    "address `[bind:]tcp://HOST:PORT[;replay=ENDPOINT]` (also `--kv-events URL=ADDRESS`)")
+
+
+class KvRoutingConfig(_Strict):
+    """KV-cache-aware routing (policy `kv_affinity`), see docs/kv-routing.md."""
+    block_size: int = Field(16, ge=1, le=4096, description="tokens per block of motor's prefix index; "
+                                                            "engine block sizes must be multiples of it")
+    tokenizers: dict[str, str] = Field(
+        default_factory=dict,
+        description="model name (`*` = any other) -> `builtin` or a model directory with "
+                    "tokenizer.json + tokenizer_config.json (motor sim writes "
+                    "~/.cache/motor/sim-tokenizer); unlisted models use `builtin`")
+    tier_credit: KvTierCreditConfig = Field(default_factory=KvTierCreditConfig)
+    prefill_weight: float = Field(1.0, ge=0, description="cost per uncached prompt token in flight on "
+                                                          "an instance")
+    decode_weight: float = Field(0.0, ge=0, description="cost per token of max_tokens in flight on an "
+                                                         "instance")
+    queue_penalty_tokens: float = Field(256.0, ge=0, description="cost per request in flight on an "
+                                                                  "instance, in prompt-token equivalents")
+    load_guard: float = Field(2.0, ge=0, description="an instance whose load is above this factor x "
+                                                     "the candidates' mean load gets no cache credit; 0 = off")
+    load_guard_min_tokens: float = Field(
+        4096.0, ge=0, description="the load guard acts only once some candidate's load exceeds this")
+    events: KvEventsConfig = Field(default_factory=KvEventsConfig)
+    approximate: KvApproximateConfig = Field(default_factory=KvApproximateConfig)
+    groups: dict[str, KvGroupConfig] = Field(
+        default_factory=dict, description="per model name: overrides of `approximate`")
+
+
 class CoordinatorConfig(_Strict):
     """The gateway."""
     host: str = "127.0.0.1"
@@ -97,6 +164,7 @@ class CoordinatorConfig(_Strict):
         1.0, gt=0, description="standalone mode: period of the coordinator's own /health probes")
     health_check_timeout_s: float = Field(2.0, gt=0)
     health_failures: int = Field(3, ge=1, description="standalone: consecutive failed probes -> endpoint out")
+    kv: KvRoutingConfig = Field(default_factory=KvRoutingConfig)
 
 
 class RestartConfig(_Strict):

@@ -9,6 +9,8 @@ from urllib.parse import urlsplit
 
 from motor.config.schema import ClusterConfig, Role
 from motor.coordinator.endpoints import ControllerWatcher, EndpointTable, StaticBackends
+from motor.coordinator.kv.router import KvRouter
+from motor.coordinator.kv.subscriber import KvEventFeed
 from motor.coordinator.policy import make_policy
 from motor.coordinator.server import Coordinator
 from motor.errors import ConfigError
@@ -50,12 +52,20 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     client = Client(max_connections_per_endpoint=c.max_connections_per_endpoint,
                     connect_timeout_s=c.timeouts.connect_s)
     table = EndpointTable(client)
-    policy = make_policy(c.policy.value)
+    kv_feed: KvEventFeed | None = None
+    if c.policy.value == "kv_affinity":
+        kv_router = KvRouter(c.kv)
+        kv_feed = KvEventFeed(kv_router, table)
+        policy = make_policy(c.policy.value, router=kv_router)
+    else:
+        policy = make_policy(c.policy.value)
     coord = Coordinator(c, table, policy)
     tasks: list[asyncio.Task[None]] = []
+    if kv_feed is not None:
+        tasks.append(asyncio.ensure_future(kv_feed.run()))
     source: StaticBackends | ControllerWatcher
     if backends:
-        table.set_static([parse_backend(b) for b in backends])
+        table.set_static([parse_backend(b) for b in backends], c.kv.events.backends)
         source = StaticBackends(table, c.health_check_interval_s, c.health_check_timeout_s,
                                 c.health_failures)
         coord.ready_source = source.synced
@@ -88,6 +98,8 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     source.close()
+    if kv_feed is not None:
+        kv_feed.close()
     client.close()
 
 

@@ -20,6 +20,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="standalone mode, no controller: an engine to route to, as "
                         "http://HOST:PORT (union) or prefill=URL / decode=URL; repeat or list "
                         "several. The coordinator then health-checks them itself.")
+    p.add_argument("--kv-events", action="append", default=[], metavar="URL=ADDRESS",
+                   help="standalone mode: the KV-event publisher of backend URL, as "
+                        "[bind:]tcp://HOST:PORT[;replay=ENDPOINT] (connect to a publisher that "
+                        "binds, e.g. motor sim or vLLM tcp://*:P; 'bind:' for a vLLM publisher "
+                        "that connects, e.g. its endpoint tcp://127.0.0.1:P); repeat per backend. "
+                        "Used by --policy kv_affinity (see docs/kv-routing.md)")
     p.add_argument("--controller", metavar="URL",
                    help="controller to follow (default: controller.host/port of the config); "
                         "ignored with --backend")
@@ -31,16 +37,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                "(SO_REUSEPORT; overrides coordinator.workers)")
 
 
+def _kv_events_arg(spec: str) -> tuple[str, str]:
+    """``http://HOST:PORT=ADDRESS`` -> (backend URL, KV-event address), both checked."""
+    from motor.protocol.kv_events import KvEventsAddress
+    url, sep, addr = spec.partition("=")  # a backend URL has no '='
+    if not sep or not url.startswith("http://"):
+        raise ConfigError(f"--kv-events is expected as http://HOST:PORT=ADDRESS, got {spec!r}")
+    KvEventsAddress.parse(addr)
+    return url.rstrip("/"), addr
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config) if args.config else load_default_config()
         over = {k: v for k, v in (("host", args.host), ("port", args.port),
                                   ("policy", args.policy), ("mode", args.mode),
                                   ("workers", args.workers)) if v is not None}
-        if over:
+        kv_events = dict(_kv_events_arg(x) for x in args.kv_events)
+        if over or kv_events:
             from motor.config.load import parse_config
             data = cfg.model_dump(mode="json")
             data["coordinator"].update(over)
+            data["coordinator"]["kv"]["events"]["backends"].update(kv_events)
             cfg = parse_config(data, "command line")
         from motor.coordinator.app import parse_backend, run
         for b in args.backend:

@@ -34,7 +34,8 @@ class EndpointState:
 
     __slots__ = ("key", "instance_id", "model", "models", "role", "engine", "host", "port",
                  "dp_rank", "url", "ready", "cooldown_until", "failures", "inflight",
-                 "inflight_tokens", "pool", "kv_events", "bootstrap_port", "_gauge")
+                 "inflight_tokens", "inflight_prefill_tokens", "inflight_decode_tokens", "pool",
+                 "kv_events", "bootstrap_port", "_gauge")
 
     def __init__(self, instance_id: str, model: str | None, role: Role, host: str, port: int,
                  dp_rank: int, pool: Pool, engine: EngineKind | None = None,
@@ -54,6 +55,8 @@ class EndpointState:
         self.failures = 0
         self.inflight = 0
         self.inflight_tokens = 0
+        self.inflight_prefill_tokens = 0  # uncached prompt tokens (as the policy estimated)
+        self.inflight_decode_tokens = 0   # max_tokens of the requests in flight
         self.pool = pool
         self.kv_events = kv_events
         self.bootstrap_port = bootstrap_port
@@ -65,14 +68,18 @@ class EndpointState:
     def serves(self, model: str | None) -> bool:
         return model is None or not self.models or model in self.models
 
-    def acquire(self, tokens: int = 0) -> None:
+    def acquire(self, tokens: int = 0, prefill_tokens: int = 0, decode_tokens: int = 0) -> None:
         self.inflight += 1
         self.inflight_tokens += tokens
+        self.inflight_prefill_tokens += prefill_tokens
+        self.inflight_decode_tokens += decode_tokens
         self._gauge.inc()
 
-    def release(self, tokens: int = 0) -> None:
+    def release(self, tokens: int = 0, prefill_tokens: int = 0, decode_tokens: int = 0) -> None:
         self.inflight -= 1
         self.inflight_tokens -= tokens
+        self.inflight_prefill_tokens -= prefill_tokens
+        self.inflight_decode_tokens -= decode_tokens
         self._gauge.dec()
 
     def transport_failed(self, cooldown_s: float) -> None:
@@ -141,11 +148,19 @@ class EndpointTable:
         return False
 
     # -- updates ------------------------------------------------------------
-    def set_static(self, specs: Iterable[tuple[Role, str, int]]) -> None:
-        """Standalone mode: fixed (role, host, port) backends, routable until probes say otherwise."""
+    def set_static(self, specs: Iterable[tuple[Role, str, int]],
+                   kv_events: dict[str, str] | None = None) -> None:
+        """Standalone mode: fixed (role, host, port) backends, routable until probes say otherwise.
+
+        ``kv_events`` maps a backend URL ``http://HOST:PORT`` to its KV-event address
+        (``--kv-events URL=ADDRESS``).
+        """
+        kv_events = kv_events or {}
         for i, (role, host, port) in enumerate(specs):
             ep = EndpointState(f"backend-{i}", None, role, host, port, 0,
-                               self.client.pool(host, port))
+                               self.client.pool(host, port),
+                               kv_events=kv_events.get(f"http://{host}:{port}"),
+                               breaker=self.breaker_cfg)
             ep.ready = True
             self.endpoints[ep.key] = ep
         self._rebuild()

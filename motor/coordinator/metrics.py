@@ -40,3 +40,53 @@ TABLE_VERSION = Gauge(
     "motor_coordinator_instance_table_version",
     "Version of the controller's instance table last applied (0 in standalone mode).",
     registry=REGISTRY)
+
+# -- KV-aware routing (policy kv_affinity, docs/kv-routing.md) --------------------------
+KV_PROMPT_TOKENS = Counter(
+    "motor_coordinator_kv_prompt_tokens_total",
+    "Prompt tokens of requests routed by kv_affinity with a routing key (the hit ratio's "
+    "denominator).", registry=REGISTRY)
+KV_MATCHED_TOKENS = Counter(
+    "motor_coordinator_kv_matched_tokens_total",
+    "Prompt tokens found cached (any tier) on the instance chosen by kv_affinity; "
+    "prefix hit ratio = this / motor_coordinator_kv_prompt_tokens_total.", registry=REGISTRY)
+KV_EVENTS_APPLIED = Counter(
+    "motor_coordinator_kv_events_applied_total",
+    "Engine KV events applied to the prefix index, by kind (stored, removed, cleared).",
+    ["kind"], registry=REGISTRY)
+KV_EVENTS_DROPPED = Counter(
+    "motor_coordinator_kv_events_dropped_total",
+    "Engine KV events (or batches) not applied, by reason (orphan: parent block unknown; "
+    "block_size; unknown_type; malformed; duplicate).", ["reason"], registry=REGISTRY)
+KV_EVENT_BATCHES = Counter(
+    "motor_coordinator_kv_event_batches_total",
+    "KV event batches received from engine publishers (live and replayed).", ["source"],
+    registry=REGISTRY)
+KV_EVENT_LAG = Histogram(
+    "motor_coordinator_kv_event_lag_seconds",
+    "Engine batch timestamp -> applied to the index (wall clocks of both hosts).",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+    registry=REGISTRY)
+KV_EVENT_GAPS = Counter(
+    "motor_coordinator_kv_event_gaps_total",
+    "Sequence gaps in an engine's KV events, by outcome (replayed: fetched from the replay "
+    "socket; purged: the instance's blocks were dropped).", ["outcome"], registry=REGISTRY)
+KV_PURGES = Counter(
+    "motor_coordinator_kv_purges_total",
+    "Instances whose blocks were dropped from the index, by reason (removed, gap, restart).",
+    ["reason"], registry=REGISTRY)
+KV_INDEX_BLOCKS = Gauge(
+    "motor_coordinator_kv_index_blocks",
+    "(instance, tier, block) holdings in the prefix index, by index (exact, approximate).",
+    ["index"], registry=REGISTRY)
+KV_INDEX_BYTES = Gauge(
+    "motor_coordinator_kv_index_bytes",
+    "Memory of the prefix index (with the engine-hash maps for exact), by index.",
+    ["index"], registry=REGISTRY)
+KV_APPROX_EVICTED = Counter(
+    "motor_coordinator_kv_approximate_evicted_blocks_total",
+    "Blocks dropped from approximate indexes, by reason (ttl, cap).", ["reason"],
+    registry=REGISTRY)
+KV_SUBSCRIPTIONS = Gauge(
+    "motor_coordinator_kv_event_subscriptions",
+    "Engine KV-event publishers this coordinator is subscribed to.", registry=REGISTRY)

@@ -8,7 +8,7 @@ class; there are no aliases.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from motor.coordinator.endpoints import EndpointState
@@ -16,21 +16,37 @@ if TYPE_CHECKING:
 
 class RequestInfo:
     """What policies may look at: model, prompt size estimate (tokens), and, for
-    ``kv_affinity``, block hashes of the routing key (filled by the caller)."""
+    ``kv_affinity``, block hashes of the routing key (:meth:`Policy.prepare`).
 
-    __slots__ = ("model", "prompt_tokens", "max_tokens", "block_hashes")
+    After :meth:`Policy.pick`, ``prefill_tokens`` is the prompt tokens the chosen
+    endpoint must still compute (the prompt minus its credited cached prefix) and
+    ``cached_tokens`` the cached prefix found there (0 for policies that do not know).
+    """
+
+    __slots__ = ("model", "prompt_tokens", "max_tokens", "block_hashes", "prefill_tokens",
+                 "cached_tokens")
 
     def __init__(self, model: str | None, prompt_tokens: int, max_tokens: int) -> None:
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
-        self.block_hashes = None
+        self.block_hashes: Any = None
+        self.prefill_tokens = prompt_tokens
+        self.cached_tokens = 0
 
 
 class Policy:
     """Base class; subclasses set ``name`` and implement :meth:`pick`."""
 
     name: ClassVar[str] = ""
+    #: whether :meth:`prepare` needs the request body (tokenization for a routing key)
+    uses_prefix: ClassVar[bool] = False
+
+    def prepare(self, info: RequestInfo, route: str, body: dict[str, Any]) -> None:
+        """Fill what the policy needs from the body (``route``: ``chat`` / ``completions``)."""
+
+    def routed(self, ep: "EndpointState", info: RequestInfo) -> None:
+        """``info``'s request was sent to ``ep`` (called once per accepted attempt)."""
 
     def pick(self, candidates: "list[EndpointState]", request: RequestInfo,
              exclude: "set[EndpointState] | None" = None) -> "EndpointState | None":

@@ -1,0 +1,226 @@
+"""The coordinator's KV state: instance slots, the exact index fed by KV events, the
+approximate indexes fed by routing decisions, and request keys.
+
+* Every endpoint (instance DP rank) that ``kv_affinity`` may route to gets a slot
+  ``0 .. max_instances-1`` (:meth:`KvRouter.slot`); a removed endpoint's slot is purged
+  and reused (:meth:`KvRouter.forget`), so a churn of instances never grows the index
+  (case B29).
+* **Exact** index: one :class:`~motor._fast.radix.PrefixIndex`, written only by
+  :class:`~motor.coordinator.kv.ingest.KvIngest` from engine KV events.
+* **Approximate** index per instance group (= model): what this coordinator routed
+  where (:meth:`KvRouter.routed`), forgotten after ``ttl_s`` and capped at
+  ``max_blocks`` distinct blocks (least recently routed first). Used for endpoints
+  without a publisher (``mode: auto``), for all (``on``), or never (``off``).
+* A request's overlap per candidate is the larger of the two indexes' answers.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+import numpy.typing as npt
+
+from motor._fast.hashing import block_hashes
+from motor._fast.radix import N_TIERS, TIER_DEVICE, PrefixIndex
+from motor.config.schema import ApproximateMode, KvApproximateConfig, KvRoutingConfig
+from motor.coordinator import metrics
+from motor.coordinator.kv.ingest import KvIngest
+from motor.coordinator.tokenize import TokenizeError, Tokenizers
+
+if TYPE_CHECKING:
+    from motor.coordinator.endpoints import EndpointState
+
+logger = logging.getLogger(__name__)
+
+MAX_INSTANCES = 256
+#: approximate indexes run their TTL sweep at most this often (seconds)
+_SWEEP_PERIOD_S = 1.0
+
+
+class ApproximateIndex:
+    """Routed blocks of one instance group, with TTL and a cap on distinct blocks."""
+
+    def __init__(self, cfg: KvApproximateConfig) -> None:
+        self.cfg = cfg
+        self.index = PrefixIndex(MAX_INSTANCES)
+        self._next_sweep = 0.0
+
+    def insert(self, slot: int, hashes: npt.NDArray[np.uint64], now: float) -> None:
+        self.index.store(slot, TIER_DEVICE, 0, hashes, now)
+        if self.index.n_nodes > self.cfg.max_blocks:
+            n = self.index.evict_to_cap(self.cfg.max_blocks)
+            metrics.KV_APPROX_EVICTED.labels("cap").inc(n)
+        self.sweep(now)
+
+    def sweep(self, now: float) -> None:
+        if now >= self._next_sweep:
+            self._next_sweep = now + _SWEEP_PERIOD_S
+            n = self.index.evict_older_than(now - self.cfg.ttl_s)
+            if n:
+                metrics.KV_APPROX_EVICTED.labels("ttl").inc(n)
+
+
+class KvRouter:
+    """Slots, indexes, tokenizers and the request key of KV-aware routing.
+
+    Parameters
+    ----------
+    cfg : KvRoutingConfig
+        ``coordinator.kv``.
+    clock : callable, optional
+        Monotonic seconds (tests pass a fake one).
+    """
+
+    def __init__(self, cfg: KvRoutingConfig | None = None, clock: Any = time.monotonic) -> None:
+        self.cfg = cfg or KvRoutingConfig()
+        self.block_size = self.cfg.block_size
+        self.clock = clock
+        self.tokenizers = Tokenizers(self.cfg.tokenizers)
+        self.exact = PrefixIndex(MAX_INSTANCES)
+        self.ingest = KvIngest(self.exact, self.block_size, on_drop=self._on_drop,
+                               on_apply=self._on_apply)
+        self.approx: dict[str, ApproximateIndex] = {}
+        self._slots: dict[str, int] = {}
+        self._free = list(range(MAX_INSTANCES - 1, -1, -1))
+        self.event_slots: set[int] = set()   # slots fed by a live subscription
+        self._out = np.zeros((MAX_INSTANCES, N_TIERS), np.int32)
+        self._out2 = np.zeros((MAX_INSTANCES, N_TIERS), np.int32)
+        self._warned_tok: set[str] = set()
+        self._next_gauges = 0.0
+
+    # -- metrics hooks ------------------------------------------------------------
+    @staticmethod
+    def _on_drop(reason: str, n: int) -> None:
+        metrics.KV_EVENTS_DROPPED.labels(reason).inc(n)
+
+    @staticmethod
+    def _on_apply(kind: str, n: int) -> None:
+        metrics.KV_EVENTS_APPLIED.labels(kind).inc(n)
+
+    # -- slots --------------------------------------------------------------------
+    def slot(self, key: str) -> int:
+        """The slot of endpoint ``key`` (allocated on first use).
+
+        Raises
+        ------
+        RuntimeError
+            when more than 256 endpoints are in use at once.
+        """
+        s = self._slots.get(key)
+        if s is None:
+            if not self._free:
+                raise RuntimeError(f"KV routing supports {MAX_INSTANCES} endpoints at once")
+            s = self._slots[key] = self._free.pop()
+            self.ingest.add_slot(s, key)
+        return s
+
+    def slots(self) -> dict[str, int]:
+        return dict(self._slots)
+
+    def forget(self, key: str, reason: str = "removed") -> int:
+        """Endpoint ``key`` left: purge its blocks everywhere and free its slot."""
+        s = self._slots.pop(key, None)
+        if s is None:
+            return 0
+        n = self.ingest.drop_slot(s)
+        for a in self.approx.values():
+            n += a.index.clear(s)
+        self.event_slots.discard(s)
+        self._free.append(s)
+        metrics.KV_PURGES.labels(reason).inc()
+        logger.info("KV index: endpoint %s %s, %d block holding(s) purged", key, reason, n)
+        self.update_gauges(force=True)
+        return n
+
+    def sync(self, keys: Iterable[str]) -> None:
+        """Forget every slot whose endpoint is not in ``keys``."""
+        live = set(keys)
+        for k in [k for k in self._slots if k not in live]:
+            self.forget(k)
+
+    def purge(self, key: str, reason: str) -> int:
+        """Drop the exact blocks of ``key`` (keeps the slot): event gap, publisher restart."""
+        s = self._slots.get(key)
+        if s is None:
+            return 0
+        n = self.ingest.purge(s)
+        metrics.KV_PURGES.labels(reason).inc()
+        return n
+
+    # -- groups -------------------------------------------------------------------
+    def approx_cfg(self, group: str | None) -> KvApproximateConfig:
+        g = self.cfg.groups.get(group or "")
+        return g.approximate if g is not None else self.cfg.approximate
+
+    def _approx(self, group: str | None) -> ApproximateIndex:
+        name = group or ""
+        a = self.approx.get(name)
+        if a is None:
+            a = self.approx[name] = ApproximateIndex(self.approx_cfg(group))
+        return a
+
+    def uses_approximate(self, ep: "EndpointState", group: str | None) -> bool:
+        mode = self.approx_cfg(group).mode
+        if mode is ApproximateMode.ON:
+            return True
+        if mode is ApproximateMode.OFF:
+            return False
+        return self._slots.get(ep.key, -1) not in self.event_slots
+
+    # -- requests -----------------------------------------------------------------
+    def request_hashes(self, route: str, body: dict[str, Any]) -> tuple[int, npt.NDArray[np.uint64]] | None:
+        """(prompt tokens, block hashes of the routing key) or None when not tokenizable."""
+        try:
+            ids = self.tokenizers.token_ids(route, body)
+        except (TokenizeError, ValueError) as e:
+            model = str(body.get("model"))
+            if model not in self._warned_tok:
+                self._warned_tok.add(model)
+                logger.warning("KV routing: cannot tokenize a %s request for model %s (%s); "
+                               "such requests are routed on load alone", route, model, e)
+            return None
+        tokens = np.asarray(ids, dtype=np.uint32)
+        return len(ids), block_hashes(tokens, self.block_size)
+
+    def match(self, hashes: npt.NDArray[np.uint64], group: str | None) -> npt.NDArray[np.int32]:
+        """int32[MAX_INSTANCES, 3]: leading cached blocks per slot and fastest tier
+        (a view of a reused buffer: valid until the next call)."""
+        out = self._out
+        self.exact.match_into(hashes, out)
+        a = self.approx.get(group or "")
+        if a is not None and a.index.n_nodes:
+            a.sweep(self.clock())
+            a.index.match_into(hashes, self._out2)
+            np.maximum(out, self._out2, out=out)
+        return out
+
+    def routed(self, ep: "EndpointState", group: str | None,
+               hashes: npt.NDArray[np.uint64] | None) -> None:
+        """Approximate mode: ``ep`` got a request whose key has ``hashes``."""
+        if hashes is None or not len(hashes) or not self.uses_approximate(ep, group):
+            return
+        self._approx(group).insert(self.slot(ep.key), hashes, self.clock())
+        self.update_gauges()
+
+    # -- size ---------------------------------------------------------------------
+    def index_blocks(self, kind: str) -> int:
+        if kind == "exact":
+            return int(self.exact.n_blocks)
+        return sum(int(a.index.n_blocks) for a in self.approx.values())
+
+    def index_bytes(self, kind: str) -> int:
+        if kind == "exact":
+            return int(self.exact.memory_bytes) + self.ingest.memory_bytes()
+        return sum(int(a.index.memory_bytes) for a in self.approx.values())
+
+    def update_gauges(self, force: bool = False) -> None:
+        """Refresh the index-size gauges (at most every 0.5 s unless ``force``)."""
+        now = time.monotonic()
+        if not force and now < self._next_gauges:
+            return
+        self._next_gauges = now + 0.5
+        for kind in ("exact", "approximate"):
+            metrics.KV_INDEX_BLOCKS.labels(kind).set(self.index_blocks(kind))
+            metrics.KV_INDEX_BYTES.labels(kind).set(self.index_bytes(kind))
