@@ -159,8 +159,7 @@ class EndpointTable:
         for i, (role, host, port) in enumerate(specs):
             ep = EndpointState(f"backend-{i}", None, role, host, port, 0,
                                self.client.pool(host, port),
-                               kv_events=kv_events.get(f"http://{host}:{port}"),
-                               breaker=self.breaker_cfg)
+                               kv_events=kv_events.get(f"http://{host}:{port}"))
             ep.ready = True
             self.endpoints[ep.key] = ep
         self._rebuild()
