@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from motor.config.schema import CoordinatorConfig, DeploymentMode, Role
+from motor.config.schema import CoordinatorConfig, Role
 from motor.coordinator import metrics
 from motor.coordinator.endpoints import EndpointState, EndpointTable
 from motor.coordinator.policy import Policy, RequestInfo
@@ -94,10 +94,10 @@ class Coordinator:
         self.max_attempts = cfg.retries.max_attempts
         self.backoff_s = cfg.retries.backoff_s
         self.ready_source: asyncio.Event | None = None
-        if cfg.mode != DeploymentMode.UNION:
-            raise ValueError(f"coordinator.mode {cfg.mode.value!r} is not implemented yet; "
-                             f"expected 'union'")
         self.router = Router()
+        # PD modes: the request path of motor.coordinator.routing (None in union mode)
+        from motor.coordinator.routing import make_pd_mode
+        self.pd = make_pd_mode(self)
         self._chat = _Route("chat", b"/v1/chat/completions")
         self._cmpl = _Route("completions", b"/v1/completions")
         r = self.router
@@ -109,6 +109,8 @@ class Coordinator:
         r.get("/readiness")(self._on_readiness)
         r.get("/metrics")(self._on_metrics)
         r.get("/instances")(self._on_instances)
+        if self.pd is not None and hasattr(self.pd, "on_metaserver"):
+            r.post("/v1/metaserver")(self.pd.on_metaserver)
 
     # -- management -----------------------------------------------------------
     async def _on_health(self, req: Request, resp: Response) -> None:
@@ -150,9 +152,15 @@ class Coordinator:
 
     # -- inference ------------------------------------------------------------
     async def _on_chat(self, req: Request, resp: Response) -> None:
+        if self.pd is not None:
+            await self.pd.handle(self._chat, req, resp)
+            return
         await self._proxy(self._chat, req, resp)
 
     async def _on_completions(self, req: Request, resp: Response) -> None:
+        if self.pd is not None:
+            await self.pd.handle(self._cmpl, req, resp)
+            return
         await self._proxy(self._cmpl, req, resp)
 
     def _fail(self, route: _Route, resp: Response, status: int, message: str,

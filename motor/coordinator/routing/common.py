@@ -1,0 +1,554 @@
+"""What the three PD modes share: request parsing, pair selection, legs, relay, metrics.
+
+A PD mode is a :class:`PdMode` subclass with one coroutine, :meth:`PdMode.run`, called by
+the coordinator for ``/v1/chat/completions`` and ``/v1/completions``. Every mode
+
+* picks the prefill instance with the prefill policy and the decode instance with the
+  decode policy (``coordinator.pd``); with no decode (or no prefill) instance ready it
+  falls back to a ``union`` instance through the ordinary request path, else 503;
+* sends both legs the same ``X-Request-Id`` (made up when the client sent none);
+* holds each leg's load on its endpoint exactly while that leg runs (released in a
+  ``finally``), closes each leg's upstream connection when the request ends for any
+  reason (client gone, timeout, the other leg failed), and answers exactly once;
+* streams the decode answer through :func:`relay` (cut at SSE event boundaries,
+  never buffered, one SSE error event + ``[DONE]`` when the decode breaks).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Callable
+
+import orjson
+from prometheus_client import Counter, Histogram
+
+from motor.config.schema import PolicyName, Role
+from motor.coordinator import metrics
+from motor.coordinator.endpoints import EndpointState
+from motor.coordinator.policy import Policy, RequestInfo, make_policy
+from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
+from motor.http.server import Request, Response
+from motor.protocol.openai import SSE_DONE, error_body, sse_error_event
+
+if TYPE_CHECKING:
+    from motor.coordinator.server import Coordinator
+
+logger = logging.getLogger(__name__)
+
+_JSON = b"application/json"
+FORWARD_HEADERS = frozenset((b"authorization", b"content-type", b"accept",
+                             b"openai-organization", b"openai-project", b"traceparent",
+                             b"tracestate"))
+
+# -- metrics (per mode) ---------------------------------------------------------------
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            120.0, 300.0)
+PD_TTFT = Histogram(
+    "motor_coordinator_pd_time_to_first_token_seconds",
+    "PD modes: request received -> first byte of the decode answer sent to the client.",
+    ["mode"], buckets=_BUCKETS, registry=metrics.REGISTRY)
+PD_PREFILL = Histogram(
+    "motor_coordinator_pd_prefill_seconds",
+    "PD modes: prefill leg sent -> prefill answer complete (bootstrap: P's answer; "
+    "decode-first: metaserver callback -> P done).", ["mode"], buckets=_BUCKETS,
+    registry=metrics.REGISTRY)
+PD_DECODE = Histogram(
+    "motor_coordinator_pd_decode_seconds",
+    "PD modes: decode leg sent -> decode answer complete.", ["mode"], buckets=_BUCKETS,
+    registry=metrics.REGISTRY)
+PD_REQUESTS = Counter(
+    "motor_coordinator_pd_requests_total",
+    "PD requests by mode and outcome (ok, prefill_failed, decode_failed, fallback_union, "
+    "no_instance, client_gone).", ["mode", "outcome"], registry=metrics.REGISTRY)
+
+
+class LegFailed(Exception):
+    """A leg could not produce an answer; the client gets ``status`` with ``body``."""
+
+    def __init__(self, status: int, message: str, body: bytes | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.body = body if body is not None else error_body(status, message)
+
+
+class Ctx:
+    """One PD request: the client's body, headers to forward, ids, timing."""
+
+    __slots__ = ("route", "path", "chat", "req", "resp", "raw", "body", "model", "fwd", "rid",
+                 "rid_header", "stream", "info", "max_tokens", "t0")
+
+    def __init__(self, route: Any, req: Request, resp: Response, raw: bytes,
+                 body: dict[str, Any], model: str | None, fwd: list[tuple[bytes, bytes]],
+                 rid: bytes) -> None:
+        self.route = route
+        self.path: bytes = route.path
+        self.chat = route.name == "chat"
+        self.req = req
+        self.resp = resp
+        self.raw = raw
+        self.body = body
+        self.model = model
+        self.fwd = fwd
+        self.rid = rid
+        self.rid_header = ((b"x-request-id", rid),)
+        self.stream = body.get("stream") is True
+        mt = body.get("max_completion_tokens") if self.chat else None
+        if mt is None:
+            mt = body.get("max_tokens")
+        self.max_tokens = mt if isinstance(mt, int) and not isinstance(mt, bool) else 0
+        p = body.get("prompt")
+        if isinstance(p, list) and p and isinstance(p[0], int):
+            prompt_tokens = len(p)
+        else:
+            prompt_tokens = max(1, len(raw) // 4)
+        self.info = RequestInfo(model, prompt_tokens, self.max_tokens)
+        self.t0 = time.perf_counter()
+
+
+def prefill_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None,
+                 min_tokens_1: bool = False) -> dict[str, Any]:
+    """The prefill leg's body: the client's, with ``stream: false``, ``max_tokens: 1``
+    (``max_completion_tokens: 1`` when present), no ``stream_options``, no ``min_tokens``
+    (vLLM's toy proxy) or ``min_tokens: 1`` (vLLM-Ascend's proxies), and
+    ``kv_transfer_params``."""
+    b = dict(body)
+    b["stream"] = False
+    b["max_tokens"] = 1
+    if "max_completion_tokens" in b:
+        b["max_completion_tokens"] = 1
+    b.pop("stream_options", None)
+    b.pop("min_completion_tokens", None)
+    if min_tokens_1:
+        b["min_tokens"] = 1
+    else:
+        b.pop("min_tokens", None)
+    if kv_transfer_params is not None:
+        b["kv_transfer_params"] = kv_transfer_params
+    return b
+
+
+def merge_usage(d_usage: Any, p_usage: Any) -> Any:
+    """The decode's usage with the prefill's ``prompt_tokens_details`` (its cached tokens
+    are the real prefix-cache hit; D counts the transferred prompt as cached)."""
+    if not isinstance(d_usage, dict) or not isinstance(p_usage, dict):
+        return d_usage
+    ptd = p_usage.get("prompt_tokens_details")
+    if isinstance(ptd, dict):
+        d_usage = dict(d_usage)
+        d_usage["prompt_tokens_details"] = ptd
+    return d_usage
+
+
+class UsageMerger:
+    """Rewrites the usage of streamed decode events (``feed`` takes whole SSE events)."""
+
+    def __init__(self, p_usage: Any) -> None:
+        self.p_usage = p_usage
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not isinstance(self.p_usage, dict) or b'"usage":{' not in chunk:
+            return chunk
+        out = []
+        for ev in chunk.split(b"\n\n"):
+            if ev.startswith(b"data: {") and b'"usage":{' in ev:
+                try:
+                    obj = orjson.loads(ev[6:])
+                    obj["usage"] = merge_usage(obj.get("usage"), self.p_usage)
+                    ev = b"data: " + orjson.dumps(obj)
+                except (orjson.JSONDecodeError, TypeError):
+                    pass
+            out.append(ev)
+        return b"\n\n".join(out)
+
+
+class PdMode:
+    """Base of the PD modes; subclasses implement :meth:`run`."""
+
+    name = ""
+
+    def __init__(self, coord: "Coordinator") -> None:
+        self.coord = coord
+        cfg = coord.cfg
+        pd = getattr(cfg, "pd", None)
+        pp = getattr(pd, "prefill_policy", None)
+        dp = getattr(pd, "decode_policy", PolicyName.LEAST_LOAD)
+        self.prefill_policy: Policy = coord.policy if pp is None or pp == cfg.policy \
+            else make_policy(pp.value if hasattr(pp, "value") else str(pp))
+        dp_name = dp.value if hasattr(dp, "value") else str(dp)
+        self.decode_policy: Policy = coord.policy if dp_name == cfg.policy.value \
+            else make_policy(dp_name)
+        self.prefill_timeout_s: float = getattr(pd, "prefill_timeout_s", None) \
+            or cfg.timeouts.first_token_s
+        self.fallback_to_union: bool = getattr(pd, "fallback_to_union", True)
+        self.first_byte_timeout_s = cfg.timeouts.first_token_s
+        self.idle_timeout_s = cfg.timeouts.idle_s
+        ka = getattr(cfg.timeouts, "keepalive_s", 0.0)
+        self.keepalive_s = ka if 0 < ka < self.idle_timeout_s else 0.0
+        self.max_attempts = cfg.retries.max_attempts
+        self.backoff_s = cfg.retries.backoff_s
+        self.retry_statuses = frozenset(getattr(cfg.retries, "retry_statuses",
+                                                (429, 502, 503, 504)))
+
+    # -- entry ------------------------------------------------------------------------
+    async def handle(self, route: Any, req: Request, resp: Response) -> None:
+        raw = req.body
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            self.fail(route, resp, 400, f"request body is not valid JSON: {e}")
+            return
+        if not isinstance(body, dict):
+            self.fail(route, resp, 400, f"request body is expected to be a JSON object, "
+                                        f"got {type(body).__name__}")
+            return
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            self.fail(route, resp, 400, f"model is expected to be a string, got "
+                                        f"{type(model).__name__}")
+            return
+        fwd: list[tuple[bytes, bytes]] = []
+        rid = None
+        for k, v in req.headers:
+            if k in FORWARD_HEADERS:
+                fwd.append((k, v))
+            elif k == b"x-request-id":
+                rid = v
+        if rid is None:
+            rid = uuid.uuid4().hex.encode()
+        fwd.append((b"x-request-id", rid))
+        ctx = Ctx(route, req, resp, raw, body, model, fwd, rid)
+        table = self.coord.table
+        if not table.candidates(Role.PREFILL, model) or not table.candidates(Role.DECODE, model):
+            if self.fallback_to_union and table.candidates(Role.UNION, model):
+                PD_REQUESTS.labels(self.name, "fallback_union").inc()
+                await self.coord._proxy(route, req, resp)
+                return
+            PD_REQUESTS.labels(self.name, "no_instance").inc()
+            if model is not None and not table.has_model(model):
+                self.fail(route, resp, 404, f"The model `{model}` does not exist.",
+                          ctx.rid_header)
+                return
+            missing = "decode" if table.candidates(Role.PREFILL, model) else "prefill"
+            self.fail(route, resp, 503, f"no {missing} instance is ready"
+                      + (f" for model {model}" if model else "")
+                      + " and no union instance to fall back to", ctx.rid_header)
+            return
+        try:
+            await self.run(ctx)
+        except LegFailed as e:
+            if not resp.started:
+                self.fail_body(ctx, e.status, e.body)
+            elif not resp.finished:
+                resp.end(sse_error_event(e.status, e.message))
+                route.count(e.status)
+        except (asyncio.CancelledError, ConnectionError):
+            PD_REQUESTS.labels(self.name, "client_gone").inc()
+            raise
+
+    async def run(self, ctx: Ctx) -> None:
+        raise NotImplementedError
+
+    # -- answers ----------------------------------------------------------------------
+    def fail(self, route: Any, resp: Response, status: int, message: str,
+             headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        route.count(status)
+        resp.send(status, error_body(status, message), headers=headers)
+
+    def fail_body(self, ctx: Ctx, status: int, body: bytes) -> None:
+        ctx.route.count(status)
+        ctx.resp.send(status, body, headers=ctx.rid_header)
+
+    # -- selection --------------------------------------------------------------------
+    def pick(self, role: Role, ctx: Ctx, exclude: set[EndpointState]) -> EndpointState | None:
+        cands = self.coord.table.candidates(role, ctx.model)
+        if not cands:
+            return None
+        policy = self.prefill_policy if role is Role.PREFILL else self.decode_policy
+        if policy.uses_prefix and role is Role.PREFILL:
+            policy.prepare(ctx.info, ctx.route.name, ctx.body)
+        ep = policy.pick(cands, ctx.info, exclude)
+        if ep is not None:
+            policy.routed(ep, ctx.info)
+        return ep
+
+    # -- legs -------------------------------------------------------------------------
+    async def send(self, ep: EndpointState, ctx: Ctx, body: bytes, first_byte_timeout_s: float,
+                   idle_timeout_s: float) -> UpstreamResponse:
+        return await ep.pool.request(b"POST", ctx.path, body, ctx.fwd,
+                                     first_byte_timeout_s=first_byte_timeout_s,
+                                     idle_timeout_s=idle_timeout_s)
+
+    async def read_whole(self, up: UpstreamResponse) -> bytes:
+        parts: list[bytes] = []
+        async with up:
+            while True:
+                chunk = await up.next_chunk()
+                if chunk is None:
+                    return b"".join(parts)
+                parts.append(chunk)
+
+    async def prefill(self, ctx: Ctx, body: bytes, exclude: set[EndpointState],
+                      ep: EndpointState | None = None) -> tuple[EndpointState, dict[str, Any]]:
+        """Run a non-streamed prefill leg to its end, retrying transport failures and
+        retryable statuses on other prefill instances (bounded). Returns the endpoint and
+        its JSON answer; raises :class:`LegFailed` (the engine's 4xx passes through)."""
+        last = "no prefill instance"
+        t = time.perf_counter()
+        for attempt in range(self.max_attempts):
+            if attempt:
+                await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)))
+            if ep is None or attempt:
+                ep = self.pick(Role.PREFILL, ctx, exclude)
+            if ep is None:
+                break
+            exclude.add(ep)
+            tokens = ctx.info.prompt_tokens
+            ep.acquire(tokens, tokens, 0)
+            try:
+                try:
+                    up = await self.send(ep, ctx, body, self.prefill_timeout_s,
+                                         self.prefill_timeout_s)
+                    status = up.status
+                    data = await self.read_whole(up)
+                except UpstreamTimeout as e:
+                    metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
+                    ep.failed()
+                    if e.phase == "connect":
+                        last = f"{ep.url}: {e}"
+                        continue
+                    raise LegFailed(504, f"prefill instance {ep.instance_id} did not answer "
+                                         f"within {e.timeout_s:g} s") from None
+                except (UpstreamClosed, OSError) as e:
+                    metrics.UPSTREAM_ERRORS.labels(ep.url, "closed").inc()
+                    ep.failed(certain=isinstance(e, ConnectionRefusedError))
+                    last = f"{ep.url}: {type(e).__name__}: {e}"
+                    continue
+            finally:
+                ep.release(tokens, tokens, 0)
+            if status >= 500 and status != 503:
+                ep.failed()
+            else:
+                ep.succeeded()
+            if status >= 400:
+                if status in self.retry_statuses:
+                    last = f"{ep.url}: answered {status}"
+                    continue
+                if status >= 500:
+                    last = f"{ep.url}: answered {status}: {data[:200].decode('utf-8', 'replace')}"
+                    continue
+                raise LegFailed(status, f"prefill answered {status}", _as_error(status, data))
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                obj = None
+            if not isinstance(obj, dict):
+                raise LegFailed(502, f"prefill instance {ep.instance_id} answered a body that "
+                                     f"is not a JSON object")
+            PD_PREFILL.labels(self.name).observe(time.perf_counter() - t)
+            return ep, obj
+        raise LegFailed(502, f"the prefill leg failed: {last}")
+
+    async def open_decode(self, ctx: Ctx, body: bytes, exclude: set[EndpointState],
+                          retry: bool = True) -> tuple[EndpointState, UpstreamResponse]:
+        """Send the decode leg; returns once its status and headers arrived, the endpoint
+        still acquired (the caller releases it with :meth:`release_decode`). A refused or
+        reset connection before any answer is retried on another decode (``retry``)."""
+        last = "no decode instance"
+        for attempt in range(self.max_attempts if retry else 1):
+            if attempt:
+                await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)))
+            ep = self.pick(Role.DECODE, ctx, exclude)
+            if ep is None:
+                break
+            exclude.add(ep)
+            ep.acquire(ctx.max_tokens + ctx.info.prompt_tokens, 0, ctx.max_tokens)
+            ok = False
+            try:
+                up = await self.send(ep, ctx, body, self.first_byte_timeout_s,
+                                     self.keepalive_s or self.idle_timeout_s)
+                ok = True
+                return ep, up
+            except UpstreamTimeout as e:
+                metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
+                ep.failed()
+                if e.phase == "connect":
+                    last = f"{ep.url}: {e}"
+                    continue
+                raise LegFailed(504, f"decode instance {ep.instance_id} did not answer within "
+                                     f"{e.timeout_s:g} s") from None
+            except (UpstreamClosed, OSError) as e:
+                metrics.UPSTREAM_ERRORS.labels(ep.url, "closed").inc()
+                ep.failed(certain=isinstance(e, ConnectionRefusedError))
+                last = f"{ep.url}: {type(e).__name__}: {e}"
+                continue
+            finally:
+                if not ok:
+                    self.release_decode(ctx, ep)
+        raise LegFailed(502, f"the decode leg failed: {last}")
+
+    def release_decode(self, ctx: Ctx, ep: EndpointState) -> None:
+        ep.release(ctx.max_tokens + ctx.info.prompt_tokens, 0, ctx.max_tokens)
+
+    async def answer_decode(self, ctx: Ctx, ep: EndpointState, up: UpstreamResponse,
+                            p_answer: dict[str, Any] | None, t_decode: float) -> None:
+        """Relay the decode's answer to the client: SSE streamed event by event (usage
+        merged with the prefill's), anything else whole (usage and prompt_logprobs merged)."""
+        resp, route = ctx.resp, ctx.route
+        status = up.status
+        ctype = up.header(b"content-type", _JSON) or _JSON
+        p_usage = p_answer.get("usage") if p_answer else None
+        if status < 300 and ctype.startswith(b"text/event-stream"):
+            resp.start(200, content_type=ctype, headers=ctx.rid_header)
+            merger = UsageMerger(p_usage)
+            err = await relay(up, resp, merger.feed, self.idle_timeout_s, self.keepalive_s,
+                              lambda: (PD_TTFT.labels(self.name).observe(
+                                  time.perf_counter() - ctx.t0),
+                                  route.ttft.observe(time.perf_counter() - ctx.t0)))
+            if err is None:
+                ep.succeeded()
+                resp.end()
+                route.count(200)
+                PD_REQUESTS.labels(self.name, "ok").inc()
+            else:
+                if resp.client_gone:
+                    raise asyncio.CancelledError()
+                ep.failed()
+                timeout = isinstance(err, UpstreamTimeout)
+                st = 504 if timeout else 502
+                metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout" if timeout else "closed").inc()
+                msg = (f"decode instance {ep.instance_id} stopped sending for longer than the "
+                       f"idle timeout ({self.idle_timeout_s:g} s)" if timeout else
+                       f"decode instance {ep.instance_id} broke the stream: {err}")
+                logger.warning("PD stream from %s ended early: %s", ep.url, msg)
+                resp.end(sse_error_event(st, msg))
+                route.count(st)
+                PD_REQUESTS.labels(self.name, "decode_failed").inc()
+            PD_DECODE.labels(self.name).observe(time.perf_counter() - t_decode)
+            route.e2e.observe(time.perf_counter() - ctx.t0)
+            return
+        try:
+            data = await self.read_whole(up)
+        except UpstreamTimeout as e:
+            ep.failed()
+            raise LegFailed(504, f"decode instance {ep.instance_id} stopped answering for "
+                                 f"{e.timeout_s:g} s") from None
+        except (UpstreamClosed, OSError) as e:
+            ep.failed()
+            raise LegFailed(502, f"decode instance {ep.instance_id} closed the connection: "
+                                 f"{e}") from None
+        if status >= 500 and status != 503:
+            ep.failed()
+        else:
+            ep.succeeded()
+        if status >= 400:
+            PD_REQUESTS.labels(self.name, "decode_failed").inc()
+            self.fail_body(ctx, status, _as_error(status, data))
+            return
+        if p_answer is not None and status == 200:
+            data = merge_answer(data, p_answer)
+        route.count(status)
+        resp.send(status, data, content_type=ctype, headers=ctx.rid_header)
+        now = time.perf_counter()
+        PD_TTFT.labels(self.name).observe(now - ctx.t0)
+        PD_DECODE.labels(self.name).observe(now - t_decode)
+        route.ttft.observe(now - ctx.t0)
+        route.e2e.observe(now - ctx.t0)
+        PD_REQUESTS.labels(self.name, "ok").inc()
+
+
+def merge_answer(data: bytes, p_answer: dict[str, Any]) -> bytes:
+    """A whole decode answer with the prefill's usage details and prompt logprobs."""
+    p_usage = p_answer.get("usage")
+    p_logprobs = p_answer.get("prompt_logprobs")
+    p_choices = p_answer.get("choices") if isinstance(p_answer.get("choices"), list) else []
+    has_choice_lp = any(isinstance(c, dict) and c.get("prompt_logprobs") is not None
+                        for c in p_choices)
+    if not isinstance((p_usage or {}).get("prompt_tokens_details"), dict) \
+            and p_logprobs is None and not has_choice_lp:
+        return data
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data
+    if not isinstance(obj, dict):
+        return data
+    if "usage" in obj:
+        obj["usage"] = merge_usage(obj["usage"], p_usage)
+    if p_logprobs is not None:
+        obj["prompt_logprobs"] = p_logprobs
+    if has_choice_lp and isinstance(obj.get("choices"), list):
+        by_index = {c.get("index"): c for c in p_choices if isinstance(c, dict)}
+        for c in obj["choices"]:
+            if isinstance(c, dict):
+                pc = by_index.get(c.get("index")) or by_index.get(0)
+                if pc is not None and pc.get("prompt_logprobs") is not None:
+                    c["prompt_logprobs"] = pc["prompt_logprobs"]
+    return orjson.dumps(obj)
+
+
+def _as_error(status: int, data: bytes) -> bytes:
+    try:
+        obj = orjson.loads(data)
+        if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
+            return data
+    except orjson.JSONDecodeError:
+        pass
+    return error_body(status, f"engine answered {status}: "
+                              f"{data[:512].decode('utf-8', 'replace')}")
+
+
+async def relay(up: UpstreamResponse, resp: Response, feed: Callable[[bytes], bytes],
+                idle_timeout_s: float, keepalive_s: float,
+                on_first: Callable[[], object]) -> BaseException | None:
+    """Pass an SSE answer on as it arrives, cut at event boundaries (a stream broken
+    mid-event never leaves half an event at the client). Returns the error that ended it,
+    or ``None`` at a clean end. While the engine is silent, ``: keep-alive`` comments go
+    out every ``keepalive_s`` (0 = none) until ``idle_timeout_s`` of silence."""
+    tail = b""
+    silence = 0.0
+    first = True
+    try:
+        while True:
+            try:
+                chunk = await up.next_chunk()
+            except UpstreamTimeout as e:
+                if e.phase != "idle" or not keepalive_s:
+                    raise
+                silence += e.timeout_s
+                if silence >= idle_timeout_s:
+                    raise UpstreamTimeout("idle", idle_timeout_s) from None
+                resp.write(b": keep-alive\n\n")
+                continue
+            if chunk is None:
+                break
+            silence = 0.0
+            if tail:
+                chunk = tail + chunk
+                tail = b""
+            cut = chunk.rfind(b"\n\n")
+            if cut < 0:
+                tail = chunk
+                continue
+            if cut + 2 < len(chunk):
+                tail = chunk[cut + 2:]
+                chunk = chunk[:cut + 2]
+            chunk = feed(chunk)
+            resp.write(chunk)
+            if first:
+                first = False
+                on_first()
+            await resp.drain()
+    except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+        return e
+    finally:
+        up.close()
+    if tail:
+        resp.write(feed(tail))
+    return None
+
+
+__all__ = ["Ctx", "LegFailed", "PdMode", "SSE_DONE", "merge_answer", "merge_usage",
+           "prefill_body", "relay"]

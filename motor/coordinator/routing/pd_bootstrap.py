@@ -1,0 +1,147 @@
+"""``pd_bootstrap``: SGLang's disaggregation (mini_lb / sgl-model-gateway ``pd_router``).
+
+P and D get the same body at once, plus ``bootstrap_host`` (P's host),
+``bootstrap_port`` (P's ``--disaggregation-bootstrap-port``, from its registration or
+else its ``GET /server_info`` ``disaggregation_bootstrap_port``) and ``bootstrap_room``
+(random in ``[0, 2**63)``). A batch (``prompt`` as a list of prompts) or ``n`` > 1
+gets lists of that length with a distinct room each, like the gateway's
+``inject_bootstrap_fields``. D's answer streams to the client; P's answer is read and
+dropped. P failing before D's first byte ends D at once (D would wait for KV that never
+comes) and the client gets P's error; D ending, failing or the client leaving cancels P.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import Any
+
+import orjson
+
+from motor.config.schema import Role
+from motor.coordinator.endpoints import EndpointState
+from motor.coordinator.routing.common import PD_PREFILL, Ctx, LegFailed, PdMode
+
+logger = logging.getLogger(__name__)
+
+
+def new_room() -> int:
+    return secrets.randbits(63)
+
+
+def batch_size(body: dict[str, Any]) -> int | None:
+    """Items the engine runs for this body, when more than one (None: scalar fields)."""
+    p = body.get("prompt")
+    if isinstance(p, list) and p and not isinstance(p[0], int):
+        return len(p)
+    n = body.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n > 1:
+        return n
+    return None
+
+
+def with_bootstrap(body: dict[str, Any], host: str, port: int | None) -> dict[str, Any]:
+    b = dict(body)
+    k = batch_size(body)
+    if k is None:
+        b["bootstrap_host"], b["bootstrap_port"], b["bootstrap_room"] = host, port, new_room()
+    else:
+        rooms: set[int] = set()
+        while len(rooms) < k:
+            rooms.add(new_room())
+        b["bootstrap_host"] = [host] * k
+        b["bootstrap_port"] = [port] * k
+        b["bootstrap_room"] = list(rooms)
+    return b
+
+
+class Bootstrap(PdMode):
+    name = "pd_bootstrap"
+
+    async def bootstrap_port(self, ep: EndpointState) -> int | None:
+        if ep.bootstrap_port is not None:
+            return ep.bootstrap_port
+        client = self.coord.table.client
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                st, data = await client.get_json_bytes(ep.host, ep.port, path, 5.0)
+            except (OSError, asyncio.TimeoutError):
+                return None
+            if st == 200:
+                try:
+                    port = orjson.loads(data).get("disaggregation_bootstrap_port")
+                except (orjson.JSONDecodeError, AttributeError):
+                    return None
+                if isinstance(port, int):
+                    ep.bootstrap_port = port
+                return ep.bootstrap_port
+        return None
+
+    async def run(self, ctx: Ctx) -> None:
+        p_ep = self.pick(Role.PREFILL, ctx, set())
+        if p_ep is None:
+            raise LegFailed(503, "no prefill instance is ready")
+        port = await self.bootstrap_port(p_ep)
+        if port is None:
+            logger.warning("prefill %s has no known bootstrap port; the engine's default "
+                           "applies", p_ep.url)
+        body = orjson.dumps(with_bootstrap(ctx.body, p_ep.host, port))
+        p_task = asyncio.ensure_future(self._prefill_leg(ctx, p_ep, body))
+        d_task = asyncio.ensure_future(self.open_decode(ctx, body, set(), retry=True))
+        try:
+            done, _ = await asyncio.wait({p_task, d_task}, return_when=asyncio.FIRST_COMPLETED)
+            if d_task not in done:
+                # P finished first: fine when it succeeded, fatal for D otherwise
+                err = p_task.exception()
+                if err is not None:
+                    d_task.cancel()
+                    await asyncio.gather(d_task, return_exceptions=True)
+                    raise err
+                await asyncio.wait({d_task})
+            ep, up = d_task.result()   # raises LegFailed when D could not be reached
+            try:
+                if p_task.done() and p_task.exception() is not None:
+                    # D answered (headers) but P failed: D will not get the KV
+                    err = p_task.exception()
+                    assert err is not None
+                    raise err
+                await self.answer_decode(ctx, ep, up, None, time.perf_counter())
+            finally:
+                up.close()
+                self.release_decode(ctx, ep)
+        finally:
+            for t in (p_task, d_task):
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(p_task, d_task, return_exceptions=True)
+
+    async def _prefill_leg(self, ctx: Ctx, ep: EndpointState, body: bytes) -> None:
+        """Send P its copy and read its answer to the end (dropped); raises LegFailed."""
+        t = time.perf_counter()
+        tokens = ctx.info.prompt_tokens
+        ep.acquire(tokens, tokens, 0)
+        try:
+            try:
+                up = await self.send(ep, ctx, body, self.prefill_timeout_s, self.prefill_timeout_s)
+                status = up.status
+                data = await self.read_whole(up)
+            except asyncio.TimeoutError as e:
+                ep.failed()
+                raise LegFailed(504, f"prefill instance {ep.instance_id} did not answer within "
+                                     f"{getattr(e, 'timeout_s', self.prefill_timeout_s):g} s") \
+                    from None
+            except (ConnectionError, OSError) as e:
+                ep.failed(certain=isinstance(e, ConnectionRefusedError))
+                raise LegFailed(502, f"prefill instance {ep.instance_id} failed: "
+                                     f"{type(e).__name__}: {e}") from None
+        finally:
+            ep.release(tokens, tokens, 0)
+        if status >= 400:
+            if status >= 500 and status != 503:
+                ep.failed()
+            from motor.coordinator.routing.common import _as_error
+            raise LegFailed(status, f"prefill instance {ep.instance_id} answered {status}",
+                            _as_error(status, data))
+        ep.succeeded()
+        PD_PREFILL.labels(self.name).observe(time.perf_counter() - t)

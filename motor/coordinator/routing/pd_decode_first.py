@@ -1,0 +1,142 @@
+"""``pd_decode_first``: vLLM-Ascend's layerwise connector with a "metaserver".
+
+1. D gets the client's body plus ``kv_transfer_params: {do_remote_decode: false,
+   do_remote_prefill: true, metaserver: <this coordinator>/v1/metaserver}`` and the
+   ``X-Request-Id``;
+2. D's connector POSTs its block coordinates to the metaserver, with ``request_id``
+   ``chatcmpl-<X-Request-Id>`` (chat) or ``cmpl-<X-Request-Id>-<prompt index>``;
+3. the coordinator sends P the original body with that callback body verbatim as
+   ``kv_transfer_params``, ``stream: false``, ``max_tokens: 1``, ``min_tokens: 1``, no
+   ``stream_options`` (vLLM-Ascend ``load_balance_proxy_layerwise_server_example.py``),
+   and answers the callback ``{"status":"ok"}`` once P is done (404 for an unknown id,
+   502 when P failed; the connector ignores the answer);
+4. D's answer goes to the client. A failed P ends D at once (it would wait forever for
+   the KV) with P's error; the client leaving or D ending cancels P.
+
+A multi-prompt completion's children call back one by one; each child's P request
+carries that prompt alone. The pending callbacks live in the worker that took the
+client's request, so this mode needs ``coordinator.workers: 1`` for now.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+
+from motor.http.server import Request, Response
+from motor.coordinator.routing.common import Ctx, LegFailed, PdMode, prefill_body
+from motor.protocol.openai import error_body
+
+logger = logging.getLogger(__name__)
+
+METASERVER_PATH = "/v1/metaserver"
+
+
+class _Pending:
+    """One awaited callback (one child of a request)."""
+
+    __slots__ = ("ctx", "body", "failed", "p_answer", "p_task", "called")
+
+    def __init__(self, ctx: Ctx, body: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.body = body
+        self.failed: asyncio.Future[LegFailed] = asyncio.get_running_loop().create_future()
+        self.p_answer: dict[str, Any] | None = None
+        self.p_task: asyncio.Task[Any] | None = None
+        self.called = False
+
+
+class DecodeFirst(PdMode):
+    name = "pd_decode_first"
+
+    def __init__(self, coord: Any) -> None:
+        super().__init__(coord)
+        pd = getattr(coord.cfg, "pd", None)
+        url = getattr(pd, "metaserver_url", None)
+        if not url:
+            host = coord.cfg.host
+            if host in ("0.0.0.0", "::", ""):
+                import socket
+                host = socket.gethostbyname(socket.gethostname())
+            url = f"http://{host}:{coord.cfg.port}{METASERVER_PATH}"
+        self.metaserver_url: str = url
+        self.pending: dict[str, _Pending] = {}
+
+    def child_ids(self, ctx: Ctx) -> list[tuple[str, dict[str, Any]]]:
+        rid = ctx.rid.decode("latin-1")
+        if ctx.chat:
+            return [(f"chatcmpl-{rid}", ctx.body)]
+        p = ctx.body.get("prompt")
+        if isinstance(p, list) and p and not isinstance(p[0], int):
+            return [(f"cmpl-{rid}-{i}", dict(ctx.body, prompt=item)) for i, item in enumerate(p)]
+        return [(f"cmpl-{rid}-0", ctx.body)]
+
+    async def run(self, ctx: Ctx) -> None:
+        children = self.child_ids(ctx)
+        pend = {cid: _Pending(ctx, b) for cid, b in children}
+        for cid in pend:
+            if cid in self.pending:
+                raise LegFailed(409, f"a request with id {cid} is already in flight; "
+                                     f"X-Request-Id must be unique")
+        self.pending.update(pend)
+        d_body = dict(ctx.body)
+        d_body["kv_transfer_params"] = {"do_remote_decode": False, "do_remote_prefill": True,
+                                        "metaserver": self.metaserver_url}
+        t_decode = time.perf_counter()
+        d_task = asyncio.ensure_future(self.open_decode(ctx, orjson.dumps(d_body), set(),
+                                                        retry=True))
+        fails = [p.failed for p in pend.values()]
+        try:
+            done, _ = await asyncio.wait({d_task, *fails}, return_when=asyncio.FIRST_COMPLETED)
+            if d_task not in done:
+                d_task.cancel()
+                await asyncio.gather(d_task, return_exceptions=True)
+                raise next(f for f in fails if f.done()).result()
+            ep, up = d_task.result()
+            try:
+                p_answer = next((p.p_answer for p in pend.values() if p.p_answer), None)
+                await self.answer_decode(ctx, ep, up, p_answer, t_decode)
+            finally:
+                up.close()
+                self.release_decode(ctx, ep)
+        finally:
+            if not d_task.done():
+                d_task.cancel()
+            for cid, p in pend.items():
+                if self.pending.get(cid) is p:
+                    del self.pending[cid]
+                if p.p_task is not None and not p.p_task.done():
+                    p.p_task.cancel()
+
+    async def on_metaserver(self, req: Request, resp: Response) -> None:
+        """D's connector calls back: run P for that child, answer when it is done."""
+        try:
+            params = orjson.loads(req.body)
+        except orjson.JSONDecodeError as e:
+            resp.send(400, error_body(400, f"metaserver body is not valid JSON: {e}"))
+            return
+        rid = params.get("request_id") if isinstance(params, dict) else None
+        p = self.pending.get(rid) if isinstance(rid, str) else None
+        if p is None or p.called:
+            resp.send(404, error_body(404, f"no request waits for a prefill as {rid!r}"))
+            return
+        p.called = True
+        ctx = p.ctx
+        p_body = prefill_body(p.body, params, min_tokens_1=True)
+        p.p_task = asyncio.ensure_future(self.prefill(ctx, orjson.dumps(p_body), set()))
+        await asyncio.wait({p.p_task})
+        if p.p_task.cancelled():
+            resp.send(502, error_body(502, "the request ended before its prefill"))
+            return
+        err = p.p_task.exception()
+        if err is not None:
+            lf = err if isinstance(err, LegFailed) else LegFailed(502, f"prefill failed: {err}")
+            if not p.failed.done():
+                p.failed.set_result(lf)
+            resp.send(502, error_body(502, lf.message))
+            return
+        _, p.p_answer = p.p_task.result()
+        resp.send(200, b'{"status":"ok"}')

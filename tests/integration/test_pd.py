@@ -1,0 +1,166 @@
+"""PD modes end to end: an in-process coordinator in front of 2 prefill + 2 decode
+simulators (motor sim roles), for each of the three handshakes."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+
+from motor.config.schema import Role
+from motor.sim.engine import EngineConfig
+from motor.sim.pd import PdOptions
+from motor.sim.server import SimOptions, SimServer
+from tests.support.gateway import Gateway, http, run_async
+
+MODES = ["pd_prefill_first", "pd_decode_first", "pd_bootstrap"]
+
+
+class Cluster:
+    def __init__(self, mode: str, **cfg: Any) -> None:
+        self.mode = mode
+        self.cfg = cfg
+        self.sims: list[SimServer] = []
+        self.bodies: list[tuple[str, str, dict[str, Any]]] = []   # (role, path, body)
+
+    async def start(self) -> "Cluster":
+        for role in ("prefill", "prefill", "decode", "decode"):
+            s = SimServer(SimOptions(port=0, role=role, model="m",
+                                     engine=EngineConfig(time_scale=0.05),
+                                     pd=PdOptions(bootstrap_timeout_s=10.0)))
+            orig = s._handle
+
+            async def handle(req: Any, resp: Any, orig: Any = orig, role: str = role) -> None:
+                if req.path.startswith("/v1/") and req.method == b"POST":
+                    self.bodies.append((role, req.path, orjson.loads(req.body)))
+                await orig(req, resp)
+            s._handle = handle  # type: ignore[method-assign]
+            await s.start()
+            self.sims.append(s)
+        backends = [(Role.PREFILL if s.opts.role == "prefill" else Role.DECODE, "127.0.0.1", s.port)
+                    for s in self.sims]
+        self.gw = await Gateway(backends, mode=self.mode, **self.cfg).start()
+        if self.mode == "pd_decode_first":
+            self.gw.coord.pd.metaserver_url = f"http://127.0.0.1:{self.gw.port}/v1/metaserver"
+        return self
+
+    def log(self, role: str) -> list[tuple[str, dict[str, Any]]]:
+        return [(p, b) for r, p, b in self.bodies if r == role]
+
+    def sim(self, role: str, i: int = 0) -> SimServer:
+        return [s for s in self.sims if s.opts.role == role][i]
+
+    async def stop(self) -> None:
+        await self.gw.stop()
+        for s in self.sims:
+            await s.stop(0.2)
+
+
+def _events(body: bytes) -> list[Any]:
+    out = []
+    for ev in body.split(b"\n\n"):
+        if ev.startswith(b"data: "):
+            d = ev[6:]
+            out.append("[DONE]" if d == b"[DONE]" else orjson.loads(d))
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@run_async
+async def test_pd_modes_chat_and_completions_stream_and_not(mode: str) -> None:
+    c = await Cluster(mode).start()
+    try:
+        for chat in (True, False):
+            for stream in (False, True):
+                path = "/v1/chat/completions" if chat else "/v1/completions"
+                req: dict[str, Any] = {"model": "m", "max_tokens": 6, "n": 2, "stream": stream,
+                                       "ignore_eos": True}
+                if chat:
+                    req["messages"] = [{"role": "user", "content": "hello " * 20}]
+                else:
+                    req["prompt"] = "hello " * 20
+                if stream:
+                    req["stream_options"] = {"include_usage": True}
+                n_p, n_d = len(c.log("prefill")), len(c.log("decode"))
+                st, h, body = await http(c.gw.port, "POST", path, orjson.dumps(req),
+                                         {"x-request-id": f"{mode}-{chat}-{stream}"})
+                assert st == 200, body
+                assert h["x-request-id"] == f"{mode}-{chat}-{stream}"
+                if stream:
+                    assert h["content-type"].startswith("text/event-stream")
+                    evs = _events(body)
+                    assert evs[-1] == "[DONE]"
+                    usage = [e["usage"] for e in evs[:-1] if e.get("usage")]
+                    assert len(usage) == 1
+                    idx = {ch["index"] for e in evs[:-1] for ch in e["choices"]}
+                    assert idx == {0, 1}
+                else:
+                    obj = orjson.loads(body)
+                    usage = [obj["usage"]]
+                    assert len(obj["choices"]) == 2
+                assert usage[0]["completion_tokens"] == 12
+                assert usage[0]["prompt_tokens"] > 20
+                p_new, d_new = c.log("prefill")[n_p:], c.log("decode")[n_d:]
+                assert len(d_new) == 1 and len(p_new) == 1
+                pb, db = p_new[0][1], d_new[0][1]
+                if mode == "pd_bootstrap":
+                    assert pb == db   # the same body to both, at once
+                    rooms = db["bootstrap_room"]
+                    assert isinstance(rooms, list) and len(set(rooms)) == 2
+                    assert all(0 <= r < 2 ** 63 for r in rooms)
+                    assert db["bootstrap_port"] == [c.sim("prefill", 0).pd.bootstrap_port] * 2 or \
+                        db["bootstrap_port"] == [c.sim("prefill", 1).pd.bootstrap_port] * 2
+                else:
+                    assert pb["max_tokens"] == 1 and pb["stream"] is False
+                    assert "stream_options" not in pb
+                    assert db["max_tokens"] == 6 and db["stream"] is stream
+                    if mode == "pd_prefill_first":
+                        assert pb["kv_transfer_params"]["do_remote_decode"] is True
+                        assert db["kv_transfer_params"]["do_remote_prefill"] is True
+                        assert db["kv_transfer_params"]["remote_request_id"]
+                    else:
+                        assert db["kv_transfer_params"]["metaserver"].endswith("/v1/metaserver")
+                        assert pb["kv_transfer_params"]["do_remote_decode"] is True
+                        assert pb["min_tokens"] == 1
+        # the decode side really got its KV from the prefill side
+        d_stats = [s.pd.stats for s in c.sims if s.opts.role == "decode"]
+        if mode == "pd_prefill_first":
+            assert sum(s["pulled"] for s in d_stats) == 4
+        elif mode == "pd_decode_first":
+            assert sum(s["callbacks"] for s in d_stats) == 4
+        else:
+            assert sum(s["rooms_taken"] for s in c.sims[:2] for s in [s.pd.stats]) == 8
+        assert c.gw.inflight() == 0
+    finally:
+        await c.stop()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@run_async
+async def test_pd_disconnect_mid_stream_closes_both_legs(mode: str) -> None:
+    c = await Cluster(mode).start()
+    try:
+        req = {"model": "m", "prompt": "count " * 10, "max_tokens": 2000, "stream": True,
+               "ignore_eos": True}
+        for s in c.sims:
+            s.engine.slow_factor = 20.0   # keep the decode going
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.gw.port)
+        raw = orjson.dumps(req)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                     b"\r\ncontent-length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+        await writer.drain()
+        got = b""
+        while got.count(b"data: ") < 3:
+            got += await asyncio.wait_for(reader.read(4096), 10)
+        writer.close()
+        # the decode leg sees its connection closed; a bootstrap P still running too
+        for _ in range(100):
+            if sum(s.num_disconnects for s in c.sims if s.opts.role == "decode") >= 1 \
+                    and c.gw.inflight() == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert sum(s.num_disconnects for s in c.sims if s.opts.role == "decode") == 1
+        assert c.gw.inflight() == 0
+    finally:
+        await c.stop()
