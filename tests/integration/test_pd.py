@@ -164,3 +164,74 @@ async def test_pd_disconnect_mid_stream_closes_both_legs(mode: str) -> None:
         assert c.gw.inflight() == 0
     finally:
         await c.stop()
+
+
+FAULTS = [("prefill", {"mode": "error", "status": 500}, 502),
+          ("prefill", {"mode": "drop_after", "tokens": 0}, 502),
+          ("prefill", {"mode": "hang"}, 504),
+          ("decode", {"mode": "error", "status": 500}, 500),
+          ("decode", {"mode": "drop_after", "tokens": 3}, 502)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@run_async
+async def test_pd_leg_failures_end_with_one_terminal_answer(mode: str) -> None:
+    c = await Cluster(mode, timeouts={"first_token_s": 1.0, "idle_s": 2.0},
+                      retries={"max_attempts": 2, "backoff_s": 0.0}).start()
+    try:
+        for role, fault, want in FAULTS:
+            if mode == "pd_bootstrap" and role == "prefill" and fault["mode"] == "drop_after":
+                continue  # the sim's bootstrap P answers after D took the KV: no reset window
+            for s in c.sims:
+                s.faults.set({"mode": "none"})
+                s._apply_global_fault()
+            for i in range(2):
+                c.sim(role, i).faults.set(fault)
+                c.sim(role, i)._apply_global_fault()
+            for stream in (False, True):
+                req = {"model": "m", "prompt": "hi " * 10, "max_tokens": 8, "stream": stream,
+                       "ignore_eos": True}
+                loop = asyncio.get_running_loop()
+                t = loop.time()
+                st, _, body = await http(c.gw.port, "POST", "/v1/completions", orjson.dumps(req),
+                                         timeout=20)
+                assert loop.time() - t < 15   # bounded by the configured timeouts
+                if stream and st == 200:
+                    evs = _events(body)
+                    assert evs[-1] == "[DONE]" and "error" in evs[-2], (role, fault, body)
+                    assert evs[-2]["error"]["code"] in (500, 502, 504)
+                else:
+                    assert st == want or (st >= 500 and want >= 500), (role, fault, st, body)
+                    assert "error" in orjson.loads(body)
+                for _ in range(100):
+                    if c.gw.inflight() == 0:
+                        break
+                    await asyncio.sleep(0.01)
+                assert c.gw.inflight() == 0, (role, fault, stream)
+        for s in c.sims:
+            s.faults.set({"mode": "none"})
+            s._apply_global_fault()
+    finally:
+        await c.stop()
+
+
+@run_async
+async def test_pd_falls_back_to_union_or_503() -> None:
+    s = SimServer(SimOptions(port=0, role="union", model="m", engine=EngineConfig(time_scale=0.05)))
+    p = SimServer(SimOptions(port=0, role="prefill", model="m", engine=EngineConfig(time_scale=0.05)))
+    await s.start()
+    await p.start()
+    gw = await Gateway([(Role.PREFILL, "127.0.0.1", p.port), (Role.UNION, "127.0.0.1", s.port)],
+                       mode="pd_prefill_first").start()
+    gw2 = await Gateway([(Role.PREFILL, "127.0.0.1", p.port)], mode="pd_prefill_first").start()
+    try:
+        req = orjson.dumps({"model": "m", "prompt": "hi", "max_tokens": 3})
+        st, _, body = await http(gw.port, "POST", "/v1/completions", req)
+        assert st == 200 and orjson.loads(body)["usage"]["completion_tokens"] == 3
+        st, _, body = await http(gw2.port, "POST", "/v1/completions", req)
+        assert st == 503 and "no decode instance" in orjson.loads(body)["error"]["message"]
+    finally:
+        await gw.stop()
+        await gw2.stop()
+        await s.stop(0.2)
+        await p.stop(0.2)
