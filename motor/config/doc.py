@@ -17,6 +17,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("coordinator", schema.CoordinatorConfig),
     ("coordinator.timeouts", schema.TimeoutConfig),
     ("coordinator.retries", schema.RetryConfig),
+    ("coordinator.breaker", schema.BreakerConfig),
+    ("coordinator.failover", schema.FailoverConfig),
     ("coordinator.kv", schema.KvRoutingConfig),
     ("coordinator.kv.tier_credit", schema.KvTierCreditConfig),
     ("coordinator.kv.events", schema.KvEventsConfig),

@@ -72,12 +72,49 @@ class TimeoutConfig(_Strict):
     connect_s: float = Field(5.0, gt=0, description="TCP connect to an engine")
     first_token_s: float = Field(600.0, gt=0, description="request sent -> first byte of the answer")
     idle_s: float = Field(600.0, gt=0, description="longest silence between two chunks of an answer")
+    keepalive_s: float = Field(
+        15.0, ge=0, description="an SSE comment `: keep-alive` goes to a streaming client after this "
+                                "much upstream silence, so idle-timeout hops in front of motor do not "
+                                "cut a healthy stream; 0 = off")
 
 
 class RetryConfig(_Strict):
     """Retries before the first byte reached the client."""
     max_attempts: int = Field(3, ge=1, le=16, description="attempts in all, the first one included")
     backoff_s: float = Field(0.02, ge=0, description="sleep before the 2nd attempt; doubles each time")
+    backoff_max_s: float = Field(1.0, ge=0, description="cap of the sleep between two attempts")
+    retry_statuses: list[int] = Field(
+        [429, 502, 503, 504], description="engine answers (before any byte reached the client) that "
+                                          "are re-sent to another endpoint; any 5xx that carries "
+                                          "`Retry-After` is retried too. A client's 4xx never is")
+
+    @field_validator("retry_statuses")
+    @classmethod
+    def _retryable_status(cls, v: list[int]) -> list[int]:
+        for code in v:
+            if not (code == 429 or 500 <= code <= 599):
+                raise ValueError(f"retry_statuses are expected to be 429 or 5xx, got {code}")
+        return v
+
+
+class BreakerConfig(_Strict):
+    """Per-endpoint circuit breaker (see docs/faults.md)."""
+    failure_threshold: int = Field(
+        3, ge=1, description="consecutive failures (transport errors, 5xx other than 503) that open "
+                             "it; a refused connection opens it at once. 4xx, 429 and 503 never count")
+    open_s: float = Field(1.0, gt=0, description="first open period; then one half-open probe request")
+    open_max_s: float = Field(30.0, gt=0, description="cap of the open period, which doubles after each "
+                                                      "failed probe")
+
+
+class FailoverConfig(_Strict):
+    """Mid-stream failover of streaming requests (see docs/faults.md)."""
+    enabled: bool = Field(True, description="continue a stream whose engine failed on another instance")
+    max_continuations: int = Field(3, ge=0, le=16, description="continuation legs per request at most")
+    request_token_ids: str = Field(
+        "auto", pattern="^(auto|always|never)$",
+        description="ask the engine for `return_token_ids` (needed to continue exactly): `auto` = for "
+                    "every engine kind but sglang, `always`, `never` (= no mid-stream failover)")
 
 
 class KvTierCreditConfig(_Strict):
@@ -156,6 +193,8 @@ class CoordinatorConfig(_Strict):
     workers: int = Field(1, ge=1, le=64, description="ingress worker processes")
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    failover: FailoverConfig = Field(default_factory=FailoverConfig)
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024,
                                 description="largest accepted request body (bytes)")
     max_connections_per_endpoint: int = Field(

@@ -8,9 +8,11 @@ Two sources fill an :class:`EndpointTable`:
   coordinator probes each backend's ``/health`` itself and learns its models from
   ``/v1/models``.
 
-Both also eject an endpoint passively for ``cooldown_s`` after a transport failure
-(connection refused / reset), so a dead engine stops receiving requests before the
-control plane has noticed.
+Both combine with each endpoint's circuit breaker (:mod:`motor.coordinator.breaker`):
+an endpoint routes while its instance is ready *and* its breaker lets it, so a dead
+engine stops receiving requests before the control plane has noticed. Requests that
+wait for the first byte of an answer from an endpoint that leaves the routable set
+(removed, not ready) are evicted and re-dispatched elsewhere (:meth:`EndpointState.evict_waiting`).
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from typing import Iterable
 
 import orjson
 
-from motor.config.schema import EngineKind, Role
+from motor.config.schema import BreakerConfig, EngineKind, Role
 from motor.coordinator import metrics
+from motor.coordinator.breaker import CLOSED, HALF_OPEN, Breaker
 from motor.http.client import Client, Pool
 from motor.protocol.instances import InstanceState, InstanceTable
 
@@ -33,13 +36,14 @@ class EndpointState:
     """One routable HTTP endpoint (an instance's DP rank) with its live load."""
 
     __slots__ = ("key", "instance_id", "model", "models", "role", "engine", "host", "port",
-                 "dp_rank", "url", "ready", "cooldown_until", "failures", "inflight",
+                 "dp_rank", "url", "ready", "breaker", "inflight",
                  "inflight_tokens", "inflight_prefill_tokens", "inflight_decode_tokens", "pool",
-                 "kv_events", "bootstrap_port", "_gauge")
+                 "kv_events", "bootstrap_port", "waiting", "_gauge")
 
     def __init__(self, instance_id: str, model: str | None, role: Role, host: str, port: int,
                  dp_rank: int, pool: Pool, engine: EngineKind | None = None,
-                 kv_events: str | None = None, bootstrap_port: int | None = None) -> None:
+                 kv_events: str | None = None, bootstrap_port: int | None = None,
+                 breaker: BreakerConfig | None = None) -> None:
         self.instance_id = instance_id
         self.key = f"{instance_id}#{dp_rank}"
         self.model = model
@@ -51,8 +55,6 @@ class EndpointState:
         self.dp_rank = dp_rank
         self.url = f"http://{host}:{port}"
         self.ready = False
-        self.cooldown_until = 0.0
-        self.failures = 0
         self.inflight = 0
         self.inflight_tokens = 0
         self.inflight_prefill_tokens = 0  # uncached prompt tokens (as the policy estimated)
@@ -61,9 +63,19 @@ class EndpointState:
         self.kv_events = kv_events
         self.bootstrap_port = bootstrap_port
         self._gauge = metrics.INFLIGHT.labels(instance_id, self.url)
+        b = breaker or BreakerConfig()
+        self.breaker = Breaker(b.failure_threshold, b.open_s, b.open_max_s,
+                               metrics.BREAKER_STATE.labels(instance_id, self.url).set, self.url)
+        # attempts waiting for this endpoint's first answer byte (see evict_waiting)
+        self.waiting: set[Waiting] = set()
+
+    @property
+    def failures(self) -> int:
+        """Consecutive failures counted by the breaker."""
+        return self.breaker.failures
 
     def routable(self, now: float) -> bool:
-        return self.ready and now >= self.cooldown_until
+        return self.ready and (self.breaker.state == CLOSED or self.breaker.allows(now))
 
     def serves(self, model: str | None) -> bool:
         return model is None or not self.models or model in self.models
@@ -74,6 +86,8 @@ class EndpointState:
         self.inflight_prefill_tokens += prefill_tokens
         self.inflight_decode_tokens += decode_tokens
         self._gauge.inc()
+        if self.breaker.state != CLOSED:
+            self.breaker.on_pick(time.monotonic())
 
     def release(self, tokens: int = 0, prefill_tokens: int = 0, decode_tokens: int = 0) -> None:
         self.inflight -= 1
@@ -81,18 +95,41 @@ class EndpointState:
         self.inflight_prefill_tokens -= prefill_tokens
         self.inflight_decode_tokens -= decode_tokens
         self._gauge.dec()
+        if self.breaker.state == HALF_OPEN:
+            self.breaker.probe_done()
 
-    def transport_failed(self, cooldown_s: float) -> None:
-        """Passive ejection after a connect / reset failure."""
-        self.failures += 1
-        self.cooldown_until = time.monotonic() + cooldown_s
+    def failed(self, certain: bool = False) -> None:
+        """A transport failure or a 5xx (not 503) from this endpoint; ``certain``: connection
+        refused."""
+        self.breaker.failure(certain)
 
     def succeeded(self) -> None:
-        self.failures = 0
-        self.cooldown_until = 0.0
+        self.breaker.success()
+
+    def evict_waiting(self, why: str) -> None:
+        """Cancel the attempts waiting for this endpoint's first byte (they retry elsewhere)."""
+        for w in list(self.waiting):
+            w.evict(why)
+        self.waiting.clear()
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.key} {self.role.value} {self.url} ready={self.ready}>"
+
+
+class Waiting:
+    """One attempt waiting for an endpoint's first answer byte; evicting it cancels its task,
+    which the request path turns into a retry on another endpoint."""
+
+    __slots__ = ("task", "evicted")
+
+    def __init__(self, task: "asyncio.Task[object] | None") -> None:
+        self.task = task
+        self.evicted: str | None = None
+
+    def evict(self, why: str) -> None:
+        if self.task is not None and not self.task.done() and self.evicted is None:
+            self.evicted = why
+            self.task.cancel()
 
 
 class EndpointTable:
@@ -104,6 +141,15 @@ class EndpointTable:
         self.version = 0
         self._by_role: dict[Role, list[EndpointState]] = {r: [] for r in Role}
         self.changed = asyncio.Event()
+        self.breaker_cfg = BreakerConfig()
+
+    def configure_breakers(self, cfg: BreakerConfig) -> None:
+        """Breaker settings for every endpoint, present and future."""
+        self.breaker_cfg = cfg
+        for ep in self.endpoints.values():
+            b = ep.breaker
+            b.threshold, b.open_s, b.open_max_s = cfg.failure_threshold, cfg.open_s, cfg.open_max_s
+            b._next_open_s = cfg.open_s
 
     def _rebuild(self) -> None:
         by_role: dict[Role, list[EndpointState]] = {r: [] for r in Role}
@@ -124,8 +170,8 @@ class EndpointTable:
     def candidates(self, role: Role, model: str | None) -> list[EndpointState]:
         """Routable endpoints of ``role`` serving ``model``.
 
-        When every endpoint of the role is cooling down after transport failures, they are
-        all returned anyway (better a retry than a 503 while the control plane catches up).
+        When every endpoint of the role has its breaker open, they are all returned anyway
+        (better a retry than a 503 while the control plane catches up).
         """
         now = time.monotonic()
         eps = self._by_role[role]
@@ -142,10 +188,19 @@ class EndpointTable:
         return sorted(names)
 
     def has_model(self, model: str) -> bool:
+        """Whether some endpoint serves ``model`` (404 otherwise). An endpoint whose models
+        are not known yet serves any name while it is ready, or when no endpoint's models
+        are known at all (then the answer is 503, not 404)."""
+        any_known = False
+        unknown_ready = False
         for e in self.endpoints.values():
-            if model in e.models or not e.models:
-                return True
-        return False
+            if e.models:
+                any_known = True
+                if model in e.models:
+                    return True
+            elif e.ready:
+                unknown_ready = True
+        return unknown_ready or not any_known
 
     # -- updates ------------------------------------------------------------
     def set_static(self, specs: Iterable[tuple[Role, str, int]],
@@ -159,7 +214,8 @@ class EndpointTable:
         for i, (role, host, port) in enumerate(specs):
             ep = EndpointState(f"backend-{i}", None, role, host, port, 0,
                                self.client.pool(host, port),
-                               kv_events=kv_events.get(f"http://{host}:{port}"))
+                               kv_events=kv_events.get(f"http://{host}:{port}"),
+                               breaker=self.breaker_cfg)
             ep.ready = True
             self.endpoints[ep.key] = ep
         self._rebuild()
@@ -170,7 +226,9 @@ class EndpointTable:
                         "back in rotation" if ready else "out of rotation", why)
             ep.ready = ready
             if ready:
-                ep.succeeded()
+                ep.breaker.reset()
+            else:
+                ep.evict_waiting(why)
             self._rebuild()
 
     def apply(self, table: InstanceTable) -> None:
@@ -187,7 +245,8 @@ class EndpointTable:
                         or ep.role != inst.role:
                     ep = EndpointState(inst.id, inst.model, inst.role, ep_spec.host, ep_spec.port,
                                        ep_spec.dp_rank, self.client.pool(ep_spec.host, ep_spec.port),
-                                       inst.engine, inst.kv_events, inst.bootstrap_port)
+                                       inst.engine, inst.kv_events, inst.bootstrap_port,
+                                       self.breaker_cfg)
                     self.endpoints[key] = ep
                     logger.info("endpoint %s added: %s %s model=%s", key, inst.role.value,
                                 ep.url, inst.model)
@@ -197,10 +256,13 @@ class EndpointTable:
                                 "ready" if ready else "not routable", inst.state.value)
                     ep.ready = ready
                     if ready:
-                        ep.succeeded()
+                        ep.breaker.reset()
+                    else:
+                        ep.evict_waiting(f"instance {inst.state.value}")
         for key in [k for k in self.endpoints if k not in seen]:
             ep = self.endpoints.pop(key)
             logger.info("endpoint %s removed", key)
+            ep.evict_waiting("instance removed")
             if not any(e.host == ep.host and e.port == ep.port for e in self.endpoints.values()):
                 self.client.discard(ep.host, ep.port)
         self.version = table.version

@@ -90,3 +90,22 @@ KV_APPROX_EVICTED = Counter(
 KV_SUBSCRIPTIONS = Gauge(
     "motor_coordinator_kv_event_subscriptions",
     "Engine KV-event publishers this coordinator is subscribed to.", registry=REGISTRY)
+FAILOVERS = Counter(
+    "motor_coordinator_failovers_total",
+    "Streams continued on another instance after their engine failed mid-stream, by reason "
+    "(broken = transport, engine_error = an SSE error event, recomputed = vLLM-Ascend's "
+    "stop_reason, restart = failed before the first event).",
+    ["reason"], registry=REGISTRY)
+FAILOVER_REFUSED = Counter(
+    "motor_coordinator_failover_refused_total",
+    "Broken streams that could not be continued and ended with an SSE error event, by reason.",
+    ["reason"], registry=REGISTRY)
+BREAKER_STATE = Gauge(
+    "motor_coordinator_breaker_state",
+    "Circuit breaker state per endpoint: 0=closed, 1=open, 2=half_open.",
+    ["instance", "endpoint"], registry=REGISTRY)
+CLIENT_DISCONNECTS = Counter(
+    "motor_coordinator_client_disconnects_total",
+    "Requests whose client went away before the answer ended (the upstream request was aborted), "
+    "by phase (before_answer, streaming).",
+    ["phase"], registry=REGISTRY)

@@ -31,20 +31,22 @@ from typing import Any
 
 import orjson
 
-from motor.config.schema import CoordinatorConfig, Role
+from motor.config.schema import CoordinatorConfig, DeploymentMode, EngineKind, Role
 from motor.coordinator import metrics
-from motor.coordinator.endpoints import EndpointState, EndpointTable
+from motor.coordinator.endpoints import EndpointState, EndpointTable, Waiting
+from motor.coordinator.recovery import (StreamRecovery, continuable, inject_token_ids,
+                                        retryable_status)
 from motor.coordinator.policy import Policy, RequestInfo
 from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
 from motor.http.server import Request, Response, Router
-from motor.protocol.openai import SSE_DONE, error_body
+from motor.protocol.openai import SSE_DONE, error_body, sse_error_event
 
 logger = logging.getLogger(__name__)
 
 _JSON = b"application/json"
+_MAX_REQUEST_ID_BYTES = 256
 _FORWARD_HEADERS = frozenset((b"authorization", b"content-type", b"accept", b"openai-organization",
                               b"openai-project", b"traceparent", b"tracestate"))
-_COOLDOWN_S = 1.0
 
 
 class _Route:
@@ -93,24 +95,35 @@ class Coordinator:
         self.idle_timeout_s = cfg.timeouts.idle_s
         self.max_attempts = cfg.retries.max_attempts
         self.backoff_s = cfg.retries.backoff_s
+        self.backoff_max_s = cfg.retries.backoff_max_s
+        self.retry_statuses = frozenset(cfg.retries.retry_statuses)
+        ka = cfg.timeouts.keepalive_s
+        # streams wait for upstream chunks in keep-alive steps (an SSE comment each)
+        self.stream_idle_step_s = ka if 0 < ka < self.idle_timeout_s else self.idle_timeout_s
+        self.token_ids_mode = cfg.failover.request_token_ids
+        self.failover_on = cfg.failover.enabled and self.token_ids_mode != "never"
+        self.max_continuations = cfg.failover.max_continuations
+        table.configure_breakers(cfg.breaker)
         self.ready_source: asyncio.Event | None = None
         self.router = Router()
-        # PD modes: the request path of motor.coordinator.routing (None in union mode)
-        from motor.coordinator.routing import make_pd_mode
-        self.pd = make_pd_mode(self)
+        if cfg.mode != DeploymentMode.UNION:
+            raise ValueError(f"coordinator.mode {cfg.mode.value!r} is not implemented yet; "
+                             f"expected 'union'")
         self._chat = _Route("chat", b"/v1/chat/completions")
         self._cmpl = _Route("completions", b"/v1/completions")
+        self._embed = _Route("embeddings", b"/v1/embeddings")
+        self._generate = _Route("generate", b"/generate")
         r = self.router
         r.post("/v1/chat/completions")(self._on_chat)
         r.post("/v1/completions")(self._on_completions)
+        r.post("/v1/embeddings")(self._on_embeddings)
+        r.post("/generate")(self._on_generate)   # SGLang's native API, passed through
         r.get("/v1/models")(self._on_models)
         r.get("/health")(self._on_health)
         r.get("/liveness")(self._on_health)
         r.get("/readiness")(self._on_readiness)
         r.get("/metrics")(self._on_metrics)
         r.get("/instances")(self._on_instances)
-        if self.pd is not None and hasattr(self.pd, "on_metaserver"):
-            r.post("/v1/metaserver")(self.pd.on_metaserver)
 
     # -- management -----------------------------------------------------------
     async def _on_health(self, req: Request, resp: Response) -> None:
@@ -152,16 +165,16 @@ class Coordinator:
 
     # -- inference ------------------------------------------------------------
     async def _on_chat(self, req: Request, resp: Response) -> None:
-        if self.pd is not None:
-            await self.pd.handle(self._chat, req, resp)
-            return
         await self._proxy(self._chat, req, resp)
 
     async def _on_completions(self, req: Request, resp: Response) -> None:
-        if self.pd is not None:
-            await self.pd.handle(self._cmpl, req, resp)
-            return
         await self._proxy(self._cmpl, req, resp)
+
+    async def _on_embeddings(self, req: Request, resp: Response) -> None:
+        await self._proxy(self._embed, req, resp)
+
+    async def _on_generate(self, req: Request, resp: Response) -> None:
+        await self._proxy(self._generate, req, resp)
 
     def _fail(self, route: _Route, resp: Response, status: int, message: str,
               headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
@@ -193,6 +206,10 @@ class Coordinator:
                 fwd.append((k, v))
             elif k == b"x-request-id":
                 rid = v
+                if len(v) > _MAX_REQUEST_ID_BYTES:
+                    self._fail(route, resp, 400, f"x-request-id is expected to be at most "
+                                                 f"{_MAX_REQUEST_ID_BYTES} bytes, got {len(v)}")
+                    return
         if rid is None:
             rid = uuid.uuid4().hex.encode()
         fwd.append((b"x-request-id", rid))
@@ -214,123 +231,390 @@ class Coordinator:
             self.policy.prepare(info, route.name, body)
         tokens = info.prompt_tokens + max_tokens
 
-        tried: set[EndpointState] = set()
+        stream = body.get("stream") is True
+        chat = route is self._chat
+        rec: StreamRecovery | None = None
+        with_ids = raw
+        if stream and self.failover_on and (chat or route is self._cmpl):
+            why = continuable(chat, body)
+            if why is None:
+                rec = StreamRecovery(chat, body)
+                with_ids = inject_token_ids(raw, body)
+            else:
+                logger.debug("request %s: no mid-stream failover (%s)", rid.decode("latin-1"), why)
+        load = _Load(tokens, info.prefill_tokens, max_tokens)
+        try:
+            res = await self._dispatch(route.path, raw, with_ids, fwd, model, info, load, set(),
+                                       stream)
+        except asyncio.CancelledError:
+            metrics.CLIENT_DISCONNECTS.labels("before_answer").inc()
+            raise
+        if isinstance(res, _Fail):
+            self._fail(route, resp, res.status, res.message, rid_header)
+            return
+        if isinstance(res, _Whole):
+            data, ctype = res.data, res.ctype
+            if res.status >= 400 and not _is_openai_error(data):
+                text = data[:512].decode("utf-8", "replace")
+                data = error_body(res.status, f"engine answered {res.status}: {text}")
+                ctype = _JSON
+            route.count(res.status)
+            resp.send(res.status, data, content_type=ctype, headers=rid_header + res.headers)
+            elapsed = time.perf_counter() - t0
+            route.ttft.observe(elapsed)
+            route.e2e.observe(elapsed)
+            return
+        await self._stream(route, res, resp, rid_header, t0, rec, raw, fwd, model, info, load)
+
+    # -- dispatch: pick, send, retry before the first byte --------------------------------
+    def _ids_for(self, ep: EndpointState) -> bool:
+        return self.token_ids_mode == "always" or ep.engine is not EngineKind.SGLANG
+
+    async def _dispatch(self, path: bytes, raw: bytes, with_ids: bytes,
+                        fwd: list[tuple[bytes, bytes]], model: str | None, info: RequestInfo,
+                        load: "_Load", tried: set[EndpointState],
+                        stream: bool) -> "_Fail | _Whole | _Sse":
+        """Send the request to an endpoint, retrying on another one (bounded, with backoff)
+        while nothing reached the client: transport errors, an endpoint leaving the routable
+        set, retryable statuses (:func:`retryable_status`). A streamed answer comes back open
+        (:class:`_Sse`, its endpoint still acquired); any other answer is read whole."""
         last_error = "no attempt made"
+        last_answer: _Whole | None = None
+        idle_s = self.stream_idle_step_s if stream else self.idle_timeout_s
+        task = asyncio.current_task()
+        n_tried = 0
         for attempt in range(self.max_attempts):
             if attempt:
-                candidates = self.table.candidates(Role.UNION, model)
-                if not candidates:
-                    break
-                await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)))
+                await asyncio.sleep(min(self.backoff_s * (2 ** (attempt - 1)), self.backoff_max_s))
+            candidates = self.table.candidates(Role.UNION, model)
+            if not candidates:
+                break
             ep = self.policy.pick(candidates, info, tried)
             if ep is None:
                 break
             tried.add(ep)
+            n_tried += 1
             prefill_tokens = info.prefill_tokens
-            ep.acquire(tokens, prefill_tokens, max_tokens)
+            ep.acquire(load.tokens, prefill_tokens, load.decode_tokens)
             self.policy.routed(ep, info)
+            keep = False
             try:
+                w = Waiting(task)
+                ep.waiting.add(w)
                 try:
-                    up = await ep.pool.request(b"POST", route.path, raw, fwd,
+                    up = await ep.pool.request(b"POST", path,
+                                               with_ids if with_ids is not raw and self._ids_for(ep)
+                                               else raw, fwd,
                                                first_byte_timeout_s=self.first_byte_timeout_s,
-                                               idle_timeout_s=self.idle_timeout_s)
+                                               idle_timeout_s=idle_s)
+                except asyncio.CancelledError:
+                    if w.evicted is not None and task is not None and task.uncancel() == 0:
+                        last_error = f"{ep.url}: {w.evicted}"
+                        metrics.RETRIES.labels("endpoint_left").inc()
+                        continue
+                    raise
                 except UpstreamTimeout as e:
                     metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
+                    ep.failed()
                     if e.phase == "connect":
-                        ep.transport_failed(_COOLDOWN_S)
                         last_error = f"{ep.url}: {e}"
                         metrics.RETRIES.labels("connect_timeout").inc()
                         continue
-                    self._fail(route, resp, 504, f"engine {ep.instance_id} did not answer within "
-                                                 f"{e.timeout_s:g} s", rid_header)
-                    return
+                    return _Fail(504, f"engine {ep.instance_id} did not answer within "
+                                      f"{e.timeout_s:g} s")
                 except (UpstreamClosed, OSError) as e:
-                    kind = "closed" if isinstance(e, UpstreamClosed) else "connect"
+                    refused = isinstance(e, ConnectionRefusedError)
+                    kind = "connect" if refused else "closed"
                     metrics.UPSTREAM_ERRORS.labels(ep.url, kind).inc()
-                    ep.transport_failed(_COOLDOWN_S)
+                    ep.failed(certain=refused)
                     last_error = f"{ep.url}: {type(e).__name__}: {e}"
-                    if isinstance(e, UpstreamClosed) and not e.before_response:
-                        # the engine may have started on it: do not run it twice
-                        self._fail(route, resp, 502, f"engine {ep.instance_id} closed the "
-                                                     f"connection: {e}", rid_header)
-                        return
                     metrics.RETRIES.labels(kind).inc()
                     logger.debug("attempt %d on %s failed: %s", attempt + 1, ep.url, e)
                     continue
-                ep.succeeded()
-                await self._relay(route, up, resp, rid_header, ep, t0)
-                return
-            finally:
-                ep.release(tokens, prefill_tokens, max_tokens)
-        self._fail(route, resp, 502 if tried else 503,
-                   f"no engine could take the request after {len(tried)} attempt(s): {last_error}",
-                   rid_header)
-
-    async def _relay(self, route: _Route, up: UpstreamResponse, resp: Response,
-                     rid_header: tuple[tuple[bytes, bytes], ...], ep: EndpointState,
-                     t0: float) -> None:
-        """Send the engine's answer to the client (stream or whole), ending it exactly once."""
-        async with up:
-            ctype = up.header(b"content-type", _JSON) or _JSON
-            is_sse = ctype.startswith(b"text/event-stream")
-            if not is_sse:
+                finally:
+                    ep.waiting.discard(w)
+                status = up.status
+                if status >= 500 and status != 503:
+                    ep.failed()
+                    metrics.UPSTREAM_ERRORS.labels(ep.url, "status").inc()
+                else:
+                    ep.succeeded()
+                ctype = up.header(b"content-type", _JSON) or _JSON
+                if status < 300 and ctype.startswith(b"text/event-stream"):
+                    keep = True
+                    return _Sse(ep, up, ctype, prefill_tokens)
                 try:
-                    data = await up.read()
-                except (UpstreamTimeout, UpstreamClosed, OSError) as e:
-                    status = 504 if isinstance(e, UpstreamTimeout) else 502
-                    metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout" if status == 504 else "closed").inc()
-                    self._fail(route, resp, status, f"engine {ep.instance_id} failed while "
-                                                    f"answering: {e}", rid_header)
-                    return
-                if up.status >= 400 and not _is_openai_error(data):
-                    text = data[:512].decode("utf-8", "replace")
-                    data = error_body(up.status, f"engine {ep.instance_id} answered "
-                                                 f"{up.status}: {text}")
-                    ctype = _JSON
-                route.count(up.status)
-                resp.send(up.status, data, content_type=ctype, headers=rid_header)
-                elapsed = time.perf_counter() - t0
-                route.ttft.observe(elapsed)
-                route.e2e.observe(elapsed)
-                return
+                    async with up:
+                        data = await self._read_whole(up)
+                except UpstreamTimeout as e:
+                    metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
+                    return _Fail(504, f"engine {ep.instance_id} stopped answering for "
+                                      f"{e.timeout_s:g} s")
+                except (UpstreamClosed, OSError) as e:
+                    # nothing reached the client yet: the answer can still come from elsewhere
+                    metrics.UPSTREAM_ERRORS.labels(ep.url, "closed").inc()
+                    ep.failed()
+                    last_error = f"{ep.url}: {type(e).__name__}: {e}"
+                    metrics.RETRIES.labels("closed").inc()
+                    continue
+                retry_after = up.header(b"retry-after")
+                extra = ((b"retry-after", retry_after),) if retry_after is not None else ()
+                answer = _Whole(status, ctype, data, extra)
+                if status >= 400 and retryable_status(status, up.headers, self.retry_statuses):
+                    last_answer = answer
+                    last_error = f"{ep.url}: answered {status}"
+                    metrics.RETRIES.labels(f"status_{status}").inc()
+                    continue
+                return answer
+            finally:
+                if not keep:
+                    ep.release(load.tokens, prefill_tokens, load.decode_tokens)
+        if last_answer is not None:
+            return last_answer
+        return _Fail(502 if n_tried else 503,
+                     f"no engine could take the request after {n_tried} attempt(s): {last_error}")
 
-            resp.start(up.status, content_type=ctype, headers=rid_header)
-            tail = b""          # bytes of an SSE event not yet complete
-            first = True
-            status = up.status
+    async def _read_whole(self, up: UpstreamResponse) -> bytes:
+        """The whole body; the idle timeout counts silence across keep-alive steps."""
+        parts: list[bytes] = []
+        silence = 0.0
+        while True:
             try:
-                while True:
+                chunk = await up.next_chunk()
+            except UpstreamTimeout as e:
+                if e.phase != "idle" or e.timeout_s >= self.idle_timeout_s:
+                    raise
+                silence += e.timeout_s
+                if silence >= self.idle_timeout_s:
+                    raise UpstreamTimeout("idle", self.idle_timeout_s) from None
+                continue
+            if chunk is None:
+                return b"".join(parts)
+            silence = 0.0
+            parts.append(chunk)
+
+    # -- streams ----------------------------------------------------------------------
+    async def _pump(self, up: UpstreamResponse, resp: Response, rec: StreamRecovery | None,
+                    route: _Route, t0: float, first: bool) -> tuple[BaseException | None, bool]:
+        """Relay one leg's SSE events to the client, cut at event boundaries.
+
+        Returns (the error that ended the leg or ``None``, whether anything was written)."""
+        tail = b""
+        wrote = False
+        silence = 0.0
+        idle_s = self.idle_timeout_s
+        try:
+            while True:
+                try:
                     chunk = await up.next_chunk()
-                    if chunk is None:
-                        break
-                    if tail:
-                        chunk = tail + chunk
-                        tail = b""
-                    cut = chunk.rfind(b"\n\n")
-                    if cut < 0:
-                        tail = chunk
-                        continue
-                    if cut + 2 < len(chunk):
-                        tail = chunk[cut + 2:]
-                        chunk = chunk[:cut + 2]
-                    resp.write(chunk)
-                    if first:
-                        first = False
-                        route.ttft.observe(time.perf_counter() - t0)
-                    await resp.drain()
+                except UpstreamTimeout as e:
+                    if e.phase != "idle" or e.timeout_s >= idle_s:
+                        raise
+                    silence += e.timeout_s
+                    if silence >= idle_s:
+                        raise UpstreamTimeout("idle", idle_s) from None
+                    resp.write(b": keep-alive\n\n")
+                    continue
+                if chunk is None:
+                    break
+                silence = 0.0
                 if tail:
-                    resp.write(tail)  # the engine ended without a blank line: pass it on as sent
-                resp.end()
-            except (UpstreamTimeout, UpstreamClosed, OSError) as e:
-                is_timeout = isinstance(e, UpstreamTimeout)
-                status = 504 if is_timeout else 502
-                metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout" if is_timeout else "closed").inc()
+                    chunk = tail + chunk
+                    tail = b""
+                cut = chunk.rfind(b"\n\n")
+                if cut < 0:
+                    tail = chunk
+                    continue
+                if cut + 2 < len(chunk):
+                    tail = chunk[cut + 2:]
+                    chunk = chunk[:cut + 2]
+                if rec is not None:
+                    chunk = rec.feed(chunk)
+                    if not chunk:
+                        continue
+                resp.write(chunk)
+                wrote = True
+                if first:
+                    first = False
+                    route.ttft.observe(time.perf_counter() - t0)
+                await resp.drain()
+        except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+            return e, wrote
+        if tail:
+            # the engine ended without a blank line: pass it on as sent (case B04 b)
+            if rec is not None:
+                tail = rec.feed(tail + b"\n\n")
+            resp.write(tail)
+            wrote = True
+        return None, wrote
+
+    async def _stream(self, route: _Route, res: "_Sse", resp: Response,
+                      rid_header: tuple[tuple[bytes, bytes], ...], t0: float,
+                      rec: StreamRecovery | None, raw: bytes, fwd: list[tuple[bytes, bytes]],
+                      model: str | None, info: RequestInfo, load: "_Load") -> None:
+        """Relay a streamed answer, continuing it on another instance when its engine fails
+        (``rec`` set) or restarting it while no event reached the client; ends exactly once."""
+        ep: EndpointState | None = res.ep
+        up: UpstreamResponse | None = res.up
+        prefill_tokens = res.prefill_tokens
+        resp.start(200, content_type=res.ctype, headers=rid_header)
+        status = 200
+        wrote_any = False
+        legs = 0
+        try:
+            while True:
+                assert ep is not None and up is not None
+                err, wrote = await self._pump(up, resp, rec, route, t0, not wrote_any)
+                wrote_any = wrote_any or wrote
+                up.close()
+                if rec is None:
+                    if err is None:
+                        ep.succeeded()
+                        resp.end()
+                        break
+                    reason = "broken"
+                    restart = not wrote_any and not isinstance(err, UpstreamTimeout)
+                else:
+                    if err is None:
+                        if rec.done:
+                            ep.succeeded()
+                            resp.end()
+                            break
+                        if rec.recomputed:
+                            ep.succeeded()
+                            reason = "recomputed"
+                        elif rec.engine_error is not None:
+                            reason = "engine_error"
+                        elif rec.finished:   # finishing chunk seen, [DONE] missing
+                            ep.succeeded()
+                            resp.end(rec.tail_after_finish())
+                            break
+                        else:
+                            reason = "broken"
+                    else:
+                        reason = "broken"
+                    restart = not isinstance(err, UpstreamTimeout)
+                if isinstance(err, UpstreamTimeout):
+                    metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
+                    ep.failed()
+                    if resp.client_gone:
+                        raise asyncio.CancelledError()
+                    status = 504
+                    resp.end(sse_error_event(504, f"engine {ep.instance_id} stopped sending for "
+                                                  f"longer than the idle timeout "
+                                                  f"({self.idle_timeout_s:g} s)"))
+                    break
+                if reason != "recomputed":
+                    if err is not None:
+                        metrics.UPSTREAM_ERRORS.labels(ep.url, "closed").inc()
+                    ep.failed()
                 if resp.client_gone:
-                    raise asyncio.CancelledError() from e
-                msg = (f"engine {ep.instance_id} " +
-                       ("stopped sending for longer than the idle timeout" if is_timeout
-                        else f"broke the stream: {e}"))
-                logger.warning("stream from %s ended early: %s", ep.url, e)
-                resp.end(b"data: " + error_body(status, msg) + b"\n\n" + SSE_DONE)
-            route.count(status)
-            route.e2e.observe(time.perf_counter() - t0)
+                    raise asyncio.CancelledError()
+                if rec is not None and rec.finished and not rec.recomputed:
+                    resp.end(rec.tail_after_finish())   # broke after the finishing chunk
+                    break
+                why: str | None = None
+                if not restart:
+                    why = "timeout"
+                elif legs >= self.max_continuations:
+                    why = f"{legs} continuation(s) already"
+                elif rec is not None:
+                    why = rec.why_not()
+                elif wrote_any:
+                    why = "the request cannot be continued exactly"
+                if why is not None:
+                    metrics.FAILOVER_REFUSED.labels("refused").inc()
+                    status = 502
+                    msg = f"engine {ep.instance_id} failed mid-stream ({err or reason}); " \
+                          f"not continued: {why}"
+                    logger.warning("stream from %s ended early: %s", ep.url, msg)
+                    if rec is not None and rec.engine_error is not None \
+                            and rec.engine_error.startswith(b"data:"):
+                        resp.end(rec.engine_error + SSE_DONE)
+                    else:
+                        resp.end(sse_error_event(502, msg))
+                    break
+                if rec is not None:
+                    rem = rec.remaining()
+                    if rem is not None and rem <= 0:
+                        resp.end(rec.length_tail())
+                        break
+                    path, body = rec.continuation(route.path)
+                    if not wrote_any and reason == "broken":
+                        reason = "restart"
+                else:
+                    path, body = route.path, raw
+                    reason = "restart"
+                failed_ep = ep
+                ep.release(load.tokens, prefill_tokens, load.decode_tokens)
+                ep = None
+                legs += 1
+                metrics.FAILOVERS.labels(reason).inc()
+                logger.info("stream from %s continues elsewhere (%s, leg %d)", failed_ep.url,
+                            reason, legs + 1)
+                nxt = await self._dispatch(path, body, body, fwd, model, info, load, {failed_ep},
+                                           True)
+                if not isinstance(nxt, _Sse):
+                    status = nxt.status if nxt.status >= 400 else 502
+                    msg = nxt.message if isinstance(nxt, _Fail) else \
+                        nxt.data[:512].decode("utf-8", "replace")
+                    resp.end(sse_error_event(status, f"the stream could not be continued: {msg}"))
+                    break
+                ep, up, prefill_tokens = nxt.ep, nxt.up, nxt.prefill_tokens
+        except (asyncio.CancelledError, ConnectionError):
+            metrics.CLIENT_DISCONNECTS.labels("streaming").inc()
+            raise
+        finally:
+            if up is not None:
+                up.close()
+            if ep is not None:
+                ep.release(load.tokens, prefill_tokens, load.decode_tokens)
+        route.count(status)
+        route.e2e.observe(time.perf_counter() - t0)
+
+
+class _Load:
+    """What a request adds to an endpoint's load counters while it runs there."""
+
+    __slots__ = ("tokens", "prefill_tokens", "decode_tokens")
+
+    def __init__(self, tokens: int, prefill_tokens: int, decode_tokens: int) -> None:
+        self.tokens = tokens
+        self.prefill_tokens = prefill_tokens
+        self.decode_tokens = decode_tokens
+
+
+class _Fail:
+    """No engine answer to pass on: motor answers ``status`` with an OpenAI error."""
+
+    __slots__ = ("status", "message")
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+
+
+class _Whole:
+    """An engine's complete (non-streamed) answer."""
+
+    __slots__ = ("status", "ctype", "data", "headers")
+
+    def __init__(self, status: int, ctype: bytes, data: bytes,
+                 headers: tuple[tuple[bytes, bytes], ...]) -> None:
+        self.status = status
+        self.ctype = ctype
+        self.data = data
+        self.headers = headers
+
+
+class _Sse:
+    """An engine's streamed answer, open; its endpoint stays acquired until released."""
+
+    __slots__ = ("ep", "up", "ctype", "prefill_tokens")
+
+    def __init__(self, ep: EndpointState, up: UpstreamResponse, ctype: bytes,
+                 prefill_tokens: int) -> None:
+        self.ep = ep
+        self.up = up
+        self.ctype = ctype
+        self.prefill_tokens = prefill_tokens

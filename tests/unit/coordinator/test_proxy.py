@@ -97,7 +97,8 @@ async def test_engine_4xx_keeps_status_and_body():
         fbs[0].script(Script(mode="status", status=400, body=err))
         st, _, out = await http(gw.port, "POST", "/v1/chat/completions", CHAT)
         assert st == 400 and out == err
-        fbs[0].script(Script(mode="status", status=429, body=b"slow down"))
+        # 429 is retried (docs/faults.md); when every attempt gets it, the client gets it
+        fbs[0].script(*[Script(mode="status", status=429, body=b"slow down")] * 3)
         st, _, out = await http(gw.port, "POST", "/v1/chat/completions", CHAT)
         assert st == 429
         e = orjson.loads(out)["error"]

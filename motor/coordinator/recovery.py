@@ -1,0 +1,432 @@
+"""Fault recovery on the request path: what is retried, and mid-stream failover.
+
+Retry before the first byte (decided by :func:`retryable_status` and the caller)
+------------------------------------------------------------------------------------
+A request is re-sent to another endpoint (bounded by ``retries.max_attempts``, doubling
+backoff capped at ``retries.backoff_max_s``) while the client has received nothing when
+
+* the transport failed: connection refused / reset, connect timeout, a connection
+  closed before or during the answer (non-streaming: the answer is read whole before
+  anything is sent, so a crash mid-body is still "before the first byte");
+* the endpoint left the routable set (instance removed / unhealthy) while the request
+  waited for the answer's first byte;
+* the engine answered a status it marks retryable: a status in
+  ``retries.retry_statuses`` (default 429, 502, 503, 504) or any 5xx carrying
+  ``Retry-After``. Other answers, a client's 4xx first of all, go to the client as they
+  are (status, body, ``Retry-After``); when the attempts run out the last retryable
+  answer goes to the client unchanged.
+
+A first-byte timeout is not retried: the engine may be working on the request, and a
+retry would double the configured wait; the client gets 504.
+
+Mid-stream failover (:class:`StreamRecovery`)
+---------------------------------------------
+For a streaming request that :func:`continuable` accepts, motor asks the engine for the
+token ids (vLLM's ``return_token_ids``; injected into the body, stripped again from what
+the client sees unless the client asked for them) and records the prompt's token ids and
+every generated token id. When the stream breaks (transport error, an engine error event,
+or vLLM-Ascend's ``stop_reason: "recomputed"``), the request continues on another
+instance through ``POST /v1/completions`` with ``prompt`` = prompt token ids + generated
+token ids and ``max_tokens`` = what remains (``min_tokens`` too). The continuation's
+chunks are rewritten so the client sees one continuous stream: same ``id``, ``created``
+and ``model``; chat requests get chat chunks (``delta.content``) built from the
+completion chunks (a chat continues as a completion of its templated prompt: the chat
+endpoint cannot take token ids); ``usage`` counts the original prompt and every
+generated token. A stream broken after its finishing chunk is ended by motor (usage
+chunk if asked, ``[DONE]``).
+
+Requests that cannot be continued exactly (see :func:`continuable`) and streams whose
+engine did not return token ids end with one SSE error event and ``data: [DONE]`` when
+they break after an event reached the client; before that they are restarted whole.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+_loads = orjson.loads
+_dumps = orjson.dumps
+
+# vLLM's default max_tokens of /v1/completions (vllm/entrypoints/openai/protocol.py
+# CompletionRequest.max_tokens = 16); chat's default is "the rest of the context", which a
+# continuation gets for free by leaving max_tokens out.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+# chat-only request fields that /v1/completions does not take (a chat continues as a
+# completion of its templated prompt)
+_CHAT_ONLY = ("messages", "tools", "tool_choice", "parallel_tool_calls", "functions",
+              "function_call", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+              "continue_final_message", "documents", "max_completion_tokens", "logprobs",
+              "top_logprobs", "reasoning_effort", "echo", "mm_processor_kwargs",
+              "media_io_kwargs", "include_reasoning", "add_special_tokens", "request_id")
+
+_DONE = b"[DONE]"
+
+
+def retryable_status(status: int, headers: list[tuple[bytes, bytes]],
+                     retry_statuses: frozenset[int]) -> bool:
+    """Whether an engine's answer ``status`` may be re-sent to another endpoint.
+
+    Retryable: a status in ``retry_statuses``, or any 5xx that carries ``Retry-After``
+    (the engine says "try again"). Never a 4xx other than 429 (when listed).
+    """
+    if status in retry_statuses:
+        return True
+    if status >= 500:
+        for k, _ in headers:
+            if k == b"retry-after":
+                return True
+    return False
+
+
+def continuable(chat: bool, body: dict[str, Any]) -> str | None:
+    """``None`` when a stream of this request can be continued exactly on another instance,
+    else why not (logged, and said in the error event if the stream breaks).
+
+    Not exactly continuable: several choices (``n`` > 1, ``best_of``), logprobs (the
+    continuation cannot return the first part's), ``echo``, ``prompt_logprobs``, stop
+    strings (the engine holds back text it may cut while the token ids run ahead),
+    tools and structured outputs (parser / grammar state is not resumable), batched
+    completion prompts.
+    """
+    n = body.get("n")
+    if n is not None and n != 1:
+        return "n > 1"
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        return "best_of > 1"
+    if body.get("logprobs") or body.get("top_logprobs") or body.get("prompt_logprobs"):
+        return "logprobs"
+    if body.get("echo"):
+        return "echo"
+    if body.get("stop"):
+        return "stop strings"
+    if chat and (body.get("tools") or body.get("functions")):
+        return "tools"
+    rf = body.get("response_format")
+    if (isinstance(rf, dict) and rf.get("type") not in (None, "text")) \
+            or body.get("structured_outputs") or body.get("guided_json") \
+            or body.get("guided_regex") or body.get("guided_choice") or body.get("guided_grammar"):
+        return "structured output"
+    if not chat:
+        p = body.get("prompt")
+        if isinstance(p, list) and p and not isinstance(p[0], int):
+            if len(p) != 1 or not isinstance(p[0], str):
+                return "batched prompt"
+    mt = body.get("max_tokens") if not chat else (
+        body.get("max_completion_tokens") if body.get("max_tokens") is None else body.get("max_tokens"))
+    if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool)):
+        return "max_tokens is not an integer"
+    return None
+
+
+def inject_token_ids(raw: bytes, body: dict[str, Any]) -> bytes:
+    """The request body with ``return_token_ids: true`` (bytes spliced, body not re-encoded)."""
+    v = body.get("return_token_ids")
+    if v is True:
+        return raw
+    if "return_token_ids" in body:
+        b = dict(body)
+        b["return_token_ids"] = True
+        return _dumps(b)
+    i = raw.find(b"{")
+    return raw[:i + 1] + b'"return_token_ids":true,' + raw[i + 1:] if raw[i + 1:].strip()[:1] != b"}" \
+        else raw[:i + 1] + b'"return_token_ids":true' + raw[i + 1:]
+
+
+class StreamRecovery:
+    """The state of one recoverable stream across its legs (see the module docstring).
+
+    Feed the engine's complete SSE events of each leg to :meth:`feed`; it returns the
+    bytes for the client. After a leg ends, :attr:`need_continuation` says whether the
+    request must go on elsewhere, and :meth:`continuation` builds that request.
+    """
+
+    __slots__ = ("chat", "body", "client_ids", "prompt_ids", "gen", "leg", "leg_is_cmpl",
+                 "leg_base", "finished", "done", "recomputed", "engine_error", "ids_missing",
+                 "blocked", "role_sent", "resp_id", "created", "model", "include_usage",
+                 "usage_sent", "max_tokens", "min_tokens", "events_out", "finish_reason")
+
+    def __init__(self, chat: bool, body: dict[str, Any]) -> None:
+        self.chat = chat
+        self.body = body
+        self.client_ids = body.get("return_token_ids") is True
+        self.prompt_ids: list[int] | None = None
+        self.gen: list[int] = []
+        self.leg = 0
+        self.leg_is_cmpl = not chat    # shape of the current leg's chunks
+        self.leg_base = 0              # generated tokens before the current leg
+        self.finished = False          # a finishing chunk reached the client
+        self.finish_reason: str | None = None
+        self.done = False              # [DONE] reached the client
+        self.recomputed = False        # the current leg ended with stop_reason "recomputed"
+        self.engine_error: bytes | None = None  # the current leg sent an error event
+        self.ids_missing = False
+        self.blocked: str | None = None
+        self.role_sent = False
+        self.resp_id: Any = None
+        self.created: Any = None
+        self.model: Any = None
+        so = body.get("stream_options")
+        self.include_usage = isinstance(so, dict) and bool(so.get("include_usage"))
+        self.usage_sent = False
+        if chat:
+            mt = body.get("max_tokens")
+            if mt is None:
+                mt = body.get("max_completion_tokens")
+        else:
+            mt = body.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
+        self.max_tokens: int | None = mt
+        self.min_tokens = body.get("min_tokens") if isinstance(body.get("min_tokens"), int) else 0
+        self.events_out = 0            # data events sent to the client
+
+    # -- a leg's events ---------------------------------------------------------------
+    def feed(self, block: bytes) -> bytes:
+        """``block``: one or more complete SSE events (each ends with a blank line)."""
+        out: list[bytes] = []
+        for ev in block.split(b"\n\n"):
+            if not ev:
+                continue
+            if b"\n" not in ev:
+                b = self._line(ev)
+                if b is not None:
+                    out.append(b + b"\n\n")
+                continue
+            # several lines in one event (e.g. a usage line and [DONE] with a single newline
+            # between them, case B04 b): each data line is read on its own, the bytes kept
+            lines = [b for b in (self._line(x) for x in ev.split(b"\n")) if b is not None]
+            if lines:
+                out.append(b"\n".join(lines) + b"\n\n")
+        return b"".join(out)
+
+    def _line(self, ev: bytes) -> bytes | None:
+        if not ev.startswith(b"data:"):
+            return ev                      # comments, other fields: pass
+        payload = ev[5:].strip()
+        if payload == _DONE:
+            if self.recomputed or self.engine_error is not None:
+                return None                # the stream goes on elsewhere
+            if not self.finished:
+                # an engine that ends without a finishing chunk: treat as broken
+                self.engine_error = b"[DONE] before a finishing chunk"
+                return None
+            self.done = True
+            if self.include_usage and not self.usage_sent and self.leg > 0:
+                return self._synth_usage() + b"data: [DONE]"
+            return ev
+        try:
+            obj = _loads(payload)
+        except orjson.JSONDecodeError:
+            return ev
+        b = self._event(obj, ev)
+        if b is not None:
+            self.events_out += 1
+        return b
+
+    def _event(self, obj: Any, raw: bytes) -> bytes | None:
+        if not isinstance(obj, dict):
+            return raw
+        if "error" in obj and "choices" not in obj:
+            self.engine_error = raw
+            return None
+        changed = False
+        first_leg = self.leg == 0
+        if first_leg:
+            if self.resp_id is None:
+                self.resp_id = obj.get("id")
+                self.created = obj.get("created")
+                self.model = obj.get("model")
+        if self.chat and not self.leg_is_cmpl:
+            pids = obj.get("prompt_token_ids")
+            if pids is not None:
+                if self.prompt_ids is None:
+                    self.prompt_ids = pids
+                if not self.client_ids or self.role_sent:
+                    del obj["prompt_token_ids"]
+                    changed = True
+        usage = obj.get("usage")
+        choices = obj.get("choices")
+        if not choices:
+            if usage is not None and self.recomputed:
+                return None                 # the recomputed leg's usage: the next leg counts
+            if usage is not None:
+                if not first_leg:
+                    obj["usage"] = self._fix_usage(usage)
+                    changed = True
+                self.usage_sent = True
+            return self._out(obj, raw, changed)
+        c = choices[0]
+        tids = c.get("token_ids")
+        if "token_ids" in c:
+            if tids:
+                self.gen.extend(tids)
+            if not self.client_ids:
+                del c["token_ids"]
+                changed = True
+        if self.leg_is_cmpl:
+            text = c.get("text") or ""
+            pids = c.pop("prompt_token_ids", None)
+            if pids is not None:
+                changed = True
+                if self.prompt_ids is None:
+                    self.prompt_ids = pids
+                if first_leg and self.client_ids:
+                    c["prompt_token_ids"] = pids
+        else:
+            delta = c.get("delta") or {}
+            text = delta.get("content") or ""
+            if "role" in delta:
+                if self.role_sent:
+                    del delta["role"]
+                    changed = True
+                    if not text and c.get("finish_reason") is None and tids is None:
+                        return None         # a restarted leg's role chunk: already sent
+                self.role_sent = True
+            if self.blocked is None and ("reasoning_content" in delta or "tool_calls" in delta
+                                         or "reasoning" in delta):
+                self.blocked = "reasoning or tool-call output"
+        if tids is None and text:
+            self.ids_missing = True
+        fr = c.get("finish_reason")
+        if c.get("stop_reason") == "recomputed":
+            self.recomputed = True
+            c["finish_reason"] = None
+            c.pop("stop_reason", None)
+            changed = True
+            if not text and not tids:
+                return None
+        elif fr is not None:
+            self.finished = True
+            self.finish_reason = fr
+        if usage is not None and not first_leg:
+            obj["usage"] = self._fix_usage(usage)
+            changed = True
+        if self.chat and self.leg_is_cmpl:
+            return self._as_chat(obj, c, text, usage)
+        if not first_leg:
+            self._stamp(obj)
+            changed = True
+        return self._out(obj, raw, changed)
+
+    def _out(self, obj: dict[str, Any], raw: bytes, changed: bool) -> bytes:
+        if not changed:
+            return raw
+        return b"data: " + _dumps(obj)
+
+    def _stamp(self, obj: dict[str, Any]) -> None:
+        if self.resp_id is not None:
+            obj["id"] = self.resp_id
+        if self.created is not None:
+            obj["created"] = self.created
+        if self.model is not None:
+            obj["model"] = self.model
+
+    def _as_chat(self, obj: dict[str, Any], c: dict[str, Any], text: str, usage: Any) -> bytes:
+        """A completion chunk of a chat's continuation, reshaped as a chat chunk."""
+        delta: dict[str, Any] = {"content": text}
+        if not self.role_sent:
+            delta = {"role": "assistant", "content": text}
+            self.role_sent = True
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+                                  "finish_reason": c.get("finish_reason")}
+        if c.get("finish_reason") is not None:
+            choice["stop_reason"] = c.get("stop_reason")
+        if self.client_ids and "token_ids" in c:
+            choice["token_ids"] = c["token_ids"]
+        out: dict[str, Any] = {"id": self.resp_id, "object": "chat.completion.chunk",
+                               "created": self.created, "model": self.model, "choices": [choice]}
+        if usage is not None:
+            out["usage"] = obj["usage"]
+        return b"data: " + _dumps(out)
+
+    def _usage_numbers(self) -> tuple[int, int]:
+        return len(self.prompt_ids or ()), len(self.gen)
+
+    def _fix_usage(self, usage: Any) -> Any:
+        if not isinstance(usage, dict):
+            return usage
+        u = dict(usage)
+        p = len(self.prompt_ids) if self.prompt_ids is not None else u.get("prompt_tokens", 0)
+        c = self.leg_base + (u.get("completion_tokens") or 0)
+        u["prompt_tokens"] = p
+        u["completion_tokens"] = c
+        u["total_tokens"] = p + c
+        d = u.get("prompt_tokens_details")
+        if isinstance(d, dict) and isinstance(d.get("cached_tokens"), int):
+            u["prompt_tokens_details"] = dict(d, cached_tokens=min(d["cached_tokens"], p))
+        return u
+
+    def _synth_usage(self) -> bytes:
+        p, c = self._usage_numbers()
+        self.usage_sent = True
+        obj = {"id": self.resp_id, "object": "chat.completion.chunk" if self.chat
+               else "text_completion", "created": self.created, "model": self.model,
+               "choices": [], "usage": {"prompt_tokens": p, "total_tokens": p + c,
+                                        "completion_tokens": c}}
+        return b"data: " + _dumps(obj) + b"\n\n"
+
+    # -- between legs -----------------------------------------------------------------
+    def tail_after_finish(self) -> bytes:
+        """The end of a stream whose engine failed after the finishing chunk."""
+        out = b""
+        if self.include_usage and not self.usage_sent and not self.ids_missing:
+            out = self._synth_usage()
+        self.done = True
+        return out + b"data: [DONE]\n\n"
+
+    def remaining(self) -> int | None:
+        if self.max_tokens is None:
+            return None
+        return self.max_tokens - len(self.gen)
+
+    def why_not(self) -> str | None:
+        """Why the stream cannot be continued now (``None``: it can)."""
+        if self.blocked:
+            return self.blocked
+        if self.ids_missing:
+            return "the engine did not return token ids"
+        if self.prompt_ids is None and self.gen:
+            return "the engine did not return the prompt's token ids"
+        return None
+
+    def continuation(self, path: bytes) -> tuple[bytes, bytes]:
+        """(path, body) of the next leg; starts the leg's bookkeeping.
+
+        Before any token id is known (the engine died before its first chunk) the next
+        leg is the original request again on ``path``.
+        """
+        self.recomputed = False
+        self.engine_error = None
+        self.leg += 1
+        self.leg_base = len(self.gen)
+        if self.prompt_ids is None:
+            self.leg_is_cmpl = not self.chat
+            return path, inject_token_ids(_dumps(self.body), self.body)
+        b = {k: v for k, v in self.body.items() if not (self.chat and k in _CHAT_ONLY)}
+        b["prompt"] = self.prompt_ids + self.gen
+        b.pop("max_completion_tokens", None)
+        rem = self.remaining()
+        if rem is not None:
+            b["max_tokens"] = rem
+        if self.min_tokens:
+            b["min_tokens"] = max(0, self.min_tokens - len(self.gen))
+        b["return_token_ids"] = True
+        b["stream"] = True
+        self.leg_is_cmpl = True
+        return b"/v1/completions", _dumps(b)
+
+    def length_tail(self) -> bytes:
+        """Every token of ``max_tokens`` was sent but no finishing chunk: finish it here."""
+        self.finished = True
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "delta": {}, "logprobs": None,
+                                      "finish_reason": "length", "stop_reason": None}
+            obj = {"id": self.resp_id, "object": "chat.completion.chunk", "created": self.created,
+                   "model": self.model, "choices": [choice]}
+        else:
+            obj = {"id": self.resp_id, "object": "text_completion", "created": self.created,
+                   "model": self.model, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                                     "finish_reason": "length",
+                                                     "stop_reason": None}]}
+        return b"data: " + _dumps(obj) + b"\n\n" + self.tail_after_finish()
