@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from motor.config.schema import CoordinatorConfig, DeploymentMode, EngineKind, Role
+from motor.config.schema import CoordinatorConfig, EngineKind, Role
 from motor.coordinator import metrics
 from motor.coordinator.endpoints import EndpointState, EndpointTable, Waiting
 from motor.coordinator.recovery import (StreamRecovery, continuable, inject_token_ids,
@@ -106,9 +106,9 @@ class Coordinator:
         table.configure_breakers(cfg.breaker)
         self.ready_source: asyncio.Event | None = None
         self.router = Router()
-        if cfg.mode != DeploymentMode.UNION:
-            raise ValueError(f"coordinator.mode {cfg.mode.value!r} is not implemented yet; "
-                             f"expected 'union'")
+        # PD modes: the request path of motor.coordinator.routing (None in union mode)
+        from motor.coordinator.routing import make_pd_mode
+        self.pd = make_pd_mode(self)
         self._chat = _Route("chat", b"/v1/chat/completions")
         self._cmpl = _Route("completions", b"/v1/completions")
         self._embed = _Route("embeddings", b"/v1/embeddings")
@@ -124,6 +124,8 @@ class Coordinator:
         r.get("/readiness")(self._on_readiness)
         r.get("/metrics")(self._on_metrics)
         r.get("/instances")(self._on_instances)
+        if self.pd is not None and hasattr(self.pd, "on_metaserver"):
+            r.post("/v1/metaserver")(self.pd.on_metaserver)
 
     # -- management -----------------------------------------------------------
     async def _on_health(self, req: Request, resp: Response) -> None:
@@ -165,9 +167,15 @@ class Coordinator:
 
     # -- inference ------------------------------------------------------------
     async def _on_chat(self, req: Request, resp: Response) -> None:
+        if self.pd is not None:
+            await self.pd.handle(self._chat, req, resp)
+            return
         await self._proxy(self._chat, req, resp)
 
     async def _on_completions(self, req: Request, resp: Response) -> None:
+        if self.pd is not None:
+            await self.pd.handle(self._cmpl, req, resp)
+            return
         await self._proxy(self._cmpl, req, resp)
 
     async def _on_embeddings(self, req: Request, resp: Response) -> None:

@@ -1,4 +1,4 @@
-"""B01: a stream is relayed event by event, never buffered (P-AGG; PD variants need issue 6).
+"""B01: a stream is relayed event by event, never buffered (P-AGG; PD variants: test_b01_pd_stream.py).
 
 Lock-step instead of timing: the fake backend writes event i+1 only after the client has
 received event i, so a gateway that buffers the stream deadlocks (and the test times out).
@@ -52,8 +52,3 @@ async def test_many_tiny_events_are_not_coalesced():
                                          on_event=lambda p: got.put_nowait(p))
         assert st == 200 and len(content(evs)) == 300
         assert reads >= 300   # one chunk per event at least
-
-
-@pytest.mark.skip(reason="needs PD mode (issue 6)")
-def test_pd_stream_not_buffered():
-    """B01 (b): P-PD-SGL / P-PD-VLLM decode stream relayed event by event."""
