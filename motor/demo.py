@@ -19,6 +19,9 @@ from motor.up import Cluster, load_for_cli
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", help="cluster config (default: the embedded default)")
+    p.add_argument("--mode", choices=["union", "pd"], default="union",
+                   help="without -c: union engines, or a PD cluster (2 prefill + 2 decode "
+                        "engines, vLLM's prefill-first handshake)")
     p.add_argument("--port", type=int, help="coordinator port (overrides coordinator.port)")
     p.add_argument("--num-requests", type=int, default=64, help="requests in the benchmark")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
@@ -45,7 +48,8 @@ def main(args: argparse.Namespace) -> int:
     cluster = Cluster(cfg, log_dir)
     n_eps = sum(e.count * e.dp_size for n in cfg.nodes for e in n.engines)
     print(f"motor demo: starting controller, {len(cfg.nodes)} node manager(s) with {n_eps} "
-          f"simulated engine(s), coordinator at {cluster.url} (logs in {log_dir})", flush=True)
+          f"simulated engine(s), coordinator ({cfg.coordinator.mode.value}) at {cluster.url} "
+          f"(logs in {log_dir})", flush=True)
     try:
         cluster.start()
         if not cluster.wait_ready(args.ready_timeout):

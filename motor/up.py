@@ -146,6 +146,9 @@ class Cluster:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", help="cluster config (YAML/JSON); default: the embedded "
                                           "default (simulated engines on loopback)")
+    p.add_argument("--mode", choices=["union", "pd"], default="union",
+                   help="without -c: which embedded cluster (union engines, or prefill + decode "
+                        "engines with vLLM's prefill-first handshake)")
     p.add_argument("--port", type=int, help="coordinator port (overrides coordinator.port)")
     p.add_argument("--log-dir", help="write each component's log to DIR/<component>.log "
                                      "instead of this terminal")
@@ -154,7 +157,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_for_cli(args: argparse.Namespace) -> ClusterConfig:
-    cfg = load_config(args.config) if args.config else load_default_config()
+    cfg = load_config(args.config) if args.config else \
+        load_default_config(getattr(args, "mode", None) or "union")
     if getattr(args, "port", None):
         data = cfg.model_dump(mode="json")
         data["coordinator"]["port"] = args.port

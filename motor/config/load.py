@@ -84,7 +84,26 @@ def load_config(path: str | os.PathLike[str]) -> ClusterConfig:
     return parse_config(data, path)
 
 
-def load_default_config() -> ClusterConfig:
-    """The embedded default: simulated engines on loopback (used by ``motor up`` and ``motor demo``)."""
-    text = resources.files("motor.config").joinpath(DEFAULT_CONFIG).read_text(encoding="utf-8")
-    return parse_config(yaml.safe_load(text), f"<embedded {DEFAULT_CONFIG}>")
+EMBEDDED = {"union": DEFAULT_CONFIG, "pd": "pd.yaml"}
+
+
+def load_default_config(mode: str = "union") -> ClusterConfig:
+    """An embedded cluster of simulated engines on loopback (used by ``motor up`` and ``motor demo``).
+
+    Parameters
+    ----------
+    mode : str
+        ``union`` (two union engines, the default) or ``pd`` (two prefill + two decode engines,
+        ``pd_prefill_first``).
+
+    Raises
+    ------
+    ConfigError
+        for another ``mode``.
+    """
+    name = EMBEDDED.get(mode)
+    if name is None:
+        raise ConfigError(f"embedded config mode is expected to be one of {sorted(EMBEDDED)}, "
+                          f"got {mode!r}")
+    text = resources.files("motor.config").joinpath(name).read_text(encoding="utf-8")
+    return parse_config(yaml.safe_load(text), f"<embedded {name}>")

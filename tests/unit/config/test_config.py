@@ -94,3 +94,12 @@ def test_example_config_loads():
     path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "cluster.yaml")
     cfg = load_config(path)
     assert cfg.nodes[0].engines[0].count == 3
+
+
+def test_embedded_pd_config_has_prefill_and_decode():
+    cfg = load_default_config("pd")
+    roles = sorted({e.role.value for n in cfg.nodes for e in n.engines})
+    assert roles == ["decode", "prefill"]
+    assert cfg.coordinator.mode.value == "pd_prefill_first"
+    with pytest.raises(ConfigError, match="'union'"):
+        load_default_config("bogus")
