@@ -60,6 +60,11 @@ def main(args: argparse.Namespace) -> int:
             data["coordinator"].update(over)
             data["coordinator"]["kv"]["events"]["backends"].update(kv_events)
             cfg = parse_config(data, "command line")
+        c = cfg.coordinator
+        if c.mode == DeploymentMode.PD_DECODE_FIRST and c.workers > 1:
+            raise ConfigError(
+                f"coordinator.workers is expected to be 1 with mode pd_decode_first (the "
+                f"metaserver callback must reach the worker holding the request), got {c.workers}")
         from motor.coordinator.app import parse_backend, run
         for b in args.backend:
             parse_backend(b)
