@@ -253,6 +253,9 @@ class StreamRecovery:
             if usage is not None:
                 if not first_leg:
                     obj["usage"] = self._fix_usage(usage)
+                    self._stamp(obj)
+                    if self.chat:
+                        obj["object"] = "chat.completion.chunk"
                     changed = True
                 self.usage_sent = True
             return self._out(obj, raw, changed)

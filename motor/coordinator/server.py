@@ -243,12 +243,14 @@ class Coordinator:
         chat = route is self._chat
         rec: StreamRecovery | None = None
         with_ids = raw
+        why_not = "failover is off" if stream else "not a stream"
         if stream and self.failover_on and (chat or route is self._cmpl):
             why = continuable(chat, body)
             if why is None:
                 rec = StreamRecovery(chat, body)
                 with_ids = inject_token_ids(raw, body)
             else:
+                why_not = why
                 logger.debug("request %s: no mid-stream failover (%s)", rid.decode("latin-1"), why)
         load = _Load(tokens, info.prefill_tokens, max_tokens)
         try:
@@ -272,7 +274,8 @@ class Coordinator:
             route.ttft.observe(elapsed)
             route.e2e.observe(elapsed)
             return
-        await self._stream(route, res, resp, rid_header, t0, rec, raw, fwd, model, info, load)
+        await self._stream(route, res, resp, rid_header, t0, rec, raw, fwd, model, info, load,
+                           why_not)
 
     # -- dispatch: pick, send, retry before the first byte --------------------------------
     def _ids_for(self, ep: EndpointState) -> bool:
@@ -459,7 +462,7 @@ class Coordinator:
     async def _stream(self, route: _Route, res: "_Sse", resp: Response,
                       rid_header: tuple[tuple[bytes, bytes], ...], t0: float,
                       rec: StreamRecovery | None, raw: bytes, fwd: list[tuple[bytes, bytes]],
-                      model: str | None, info: RequestInfo, load: "_Load") -> None:
+                      model: str | None, info: RequestInfo, load: "_Load", why_not: str) -> None:
         """Relay a streamed answer, continuing it on another instance when its engine fails
         (``rec`` set) or restarting it while no event reached the client; ends exactly once."""
         ep: EndpointState | None = res.ep
@@ -481,7 +484,6 @@ class Coordinator:
                         resp.end()
                         break
                     reason = "broken"
-                    restart = not wrote_any and not isinstance(err, UpstreamTimeout)
                 else:
                     if err is None:
                         if rec.done:
@@ -501,7 +503,6 @@ class Coordinator:
                             reason = "broken"
                     else:
                         reason = "broken"
-                    restart = not isinstance(err, UpstreamTimeout)
                 if isinstance(err, UpstreamTimeout):
                     metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
                     ep.failed()
@@ -522,14 +523,12 @@ class Coordinator:
                     resp.end(rec.tail_after_finish())   # broke after the finishing chunk
                     break
                 why: str | None = None
-                if not restart:
-                    why = "timeout"
-                elif legs >= self.max_continuations:
+                if legs >= self.max_continuations:
                     why = f"{legs} continuation(s) already"
                 elif rec is not None:
                     why = rec.why_not()
                 elif wrote_any:
-                    why = "the request cannot be continued exactly"
+                    why = f"the request cannot be continued exactly ({why_not})"
                 if why is not None:
                     metrics.FAILOVER_REFUSED.labels("refused").inc()
                     status = 502

@@ -88,6 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
                      help="token budget of one step (longer prefills are chunked)")
     _bool_flag(eng, "enable-prefix-caching", True, "reuse cached KV blocks of shared prefixes")
+    _bool_flag(eng, "context-keyed-text", False,
+               "each generated token depends on (seed, the whole context so far), like greedy "
+               "decoding: a request continued elsewhere with prompt + generated tokens goes on "
+               "with the same text (motor's mid-stream failover tests)")
     eng.add_argument("--seed", type=int, default=0, help="global seed of the generated text")
     eng.add_argument("--eos-prob", type=float, default=0.0,
                      help="probability that a generated token is EOS (<|im_end|>); 0 = never")
@@ -176,6 +180,7 @@ def options_from_args(args: argparse.Namespace) -> "SimOptions":  # noqa: F821
         step_fixed_ms=args.step_fixed_ms, prefill_token_us=args.prefill_token_us,
         decode_token_us=args.decode_token_us, seed=args.seed,
         enable_prefix_caching=args.enable_prefix_caching, eos_prob=args.eos_prob,
+        context_keyed_text=args.context_keyed_text,
     )
     fault = {"mode": args.fault, "status": args.fault_status, "tokens": args.fault_tokens,
              "factor": args.fault_factor, "count": args.fault_count}

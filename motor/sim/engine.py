@@ -66,6 +66,8 @@ class EngineConfig:
     seed: int = 0
     enable_prefix_caching: bool = True
     eos_prob: float = 0.0
+    # issue 7 (fault tests): each token a function of (seed, whole context) -- see context_state
+    context_keyed_text: bool = False
     record_kv_events: bool = False
 
 
@@ -88,7 +90,7 @@ class Sequence:
                  "num_cached_blocks", "cached_tokens", "text", "finish_reason", "stop_reason",
                  "status", "max_tokens", "first_scheduled", "first_token_time", "last_token_time",
                  "rng", "gen", "gen_pos", "sent_tokens", "sent_text", "dirty", "holdback",
-                 "prefix_checked", "recompute_after")
+                 "prefix_checked", "recompute_after", "ctx")
 
     def __init__(self, req: "EngineRequest", index: int, prompt: list[int], max_tokens: int,
                  seed_material: str, holdback: int) -> None:
@@ -118,6 +120,7 @@ class Sequence:
         self.holdback = holdback
         self.prefix_checked = False
         self.recompute_after: int | None = None
+        self.ctx: int | None = None   # context-keyed text state (see context_state)
 
     @property
     def num_output(self) -> int:
@@ -138,6 +141,11 @@ class Sequence:
         return max(self.sent_text, len(self.text) - self.holdback)
 
     def next_token(self) -> int:
+        if self.ctx is not None:
+            h = self.ctx
+            t = _GEN_TABLE[(_mix64(h) >> 24) & 0xFF]
+            self.ctx = _roll(h, t)
+            return t
         if self.gen_pos >= len(self.gen):
             self.gen = self.rng.randbytes(_GEN_CHUNK).translate(_GEN_TABLE)
             self.gen_pos = 0
@@ -185,6 +193,35 @@ class EngineRequest:
         for s in out:
             s.dirty = False
         return out
+
+
+_M64 = (1 << 64) - 1
+
+
+def _roll(h: int, t: int) -> int:
+    """FNV-1a step over one token id."""
+    return ((h ^ t) * 0x100000001B3) & _M64
+
+
+def _mix64(h: int) -> int:
+    """splitmix64 finaliser."""
+    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _M64
+    return h ^ (h >> 31)
+
+
+def context_state(seed: int | None, request_id: str, global_seed: int, prompt: Seq[int],
+                  index: int) -> int:
+    """Start state of context-keyed text (``--context-keyed-text``): each generated token is a
+    function of (request seed or id, ``--seed``, choice index, every token before it), like
+    greedy decoding of a real model. A request continued elsewhere with prompt + the tokens
+    generated so far (motor's mid-stream failover) therefore goes on with the very tokens
+    the first instance would have produced."""
+    base = f"s{seed}" if seed is not None else f"r{zlib.crc32(request_id.encode())}"
+    h = zlib.crc32(f"{base}:{global_seed}:{index}".encode()) | (1 << 40)
+    for t in prompt:
+        h = _roll(h, t)
+    return h
 
 
 def seed_material(seed: int | None, request_id: str, global_seed: int, prompt: Seq[int],

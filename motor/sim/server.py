@@ -25,7 +25,7 @@ import orjson
 from motor.http import HttpServer, Request, Response, Router
 from motor.protocol.openai import SSE_DONE, error_body, sse_error_event
 from motor.sim.engine import FINISHED, Engine, EngineConfig, EngineRequest, SamplingSpec, \
-    Sequence, seed_material
+    Sequence, context_state, seed_material
 from motor.sim.faults import Faults
 from motor.sim.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from motor.sim.metrics import SimMetrics
@@ -574,6 +574,8 @@ class SimServer:
                 s = Sequence(ereq, pi * n + i, ids, min(spec.max_tokens, L - len(ids)), mat,
                              holdback)
                 s.recompute_after = recompute_after
+                if self.opts.engine.context_keyed_text:
+                    s.ctx = context_state(spec.seed, f"{base_id}-{pi}", self.opts.engine.seed, ids, i)
                 ereq.seqs.append(s)
         eng.submit(ereq)
         try:
