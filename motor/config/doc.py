@@ -24,8 +24,10 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("coordinator.kv.events", schema.KvEventsConfig),
     ("coordinator.kv.approximate", schema.KvApproximateConfig),
     ("nodes[]", schema.NodeConfig),
+    ("nodes[].npu", schema.NpuConfig),
     ("nodes[].engines[]", schema.EngineConfig),
     ("nodes[].engines[].restart", schema.RestartConfig),
+    ("nodes[].engines[].virtual_inference", schema.VirtualInferenceConfig),
 ]
 
 

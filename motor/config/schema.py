@@ -214,6 +214,28 @@ class RestartConfig(_Strict):
     window_s: float = Field(300.0, gt=0)
 
 
+class VirtualInferenceConfig(_Strict):
+    """Virtual inference: a tiny periodic ``/v1/completions`` on DP rank 0 that catches an engine
+    whose ``/health`` answers but which can no longer generate. A round fails only when the
+    request failed AND the AI-core use of the engine's NPUs stayed below ``npu_busy_pct`` (a busy
+    engine is not a dead one); ``failures`` failed rounds in a row -> the instance is reported
+    unhealthy (nothing is killed; the controller decides)."""
+    enabled: bool | None = Field(
+        None, description="null = on for `vllm`, off for `sim` and `sglang` (SGLang's own /health "
+                          "generates a token)")
+    warmup_s: float = Field(180.0, ge=0, description="wait after the first healthy /health before the first round")
+    interval_s: float = Field(5.0, gt=0, description="time between two rounds")
+    timeout_s: float = Field(5.0, gt=0, description="timeout of the completion request")
+    failures: int = Field(6, ge=1, description="failed rounds in a row -> instance unhealthy")
+    npu_busy_pct: float = Field(
+        3.0, ge=0, le=100, description="AI-core use (%) at or above which a failed round is not "
+                                       "counted (the engine is busy, not dead)")
+    npu_sample_interval_s: float = Field(0.5, gt=0, description="AI-core sampling period during a round")
+    npu_min_window_s: float = Field(
+        3.0, ge=0, description="a failed round samples the AI-core use for at least this long")
+    prompt: str = Field("1", min_length=1, description="prompt of the 1-token completion")
+
+
 class EngineConfig(_Strict):
     """One engine group on a node: ``count`` instances of the same kind and role."""
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -238,16 +260,38 @@ class EngineConfig(_Strict):
     startup_timeout_s: float = Field(600.0, gt=0)
     stop_timeout_s: float = Field(10.0, gt=0, description="SIGTERM -> this long -> SIGKILL of the group")
     restart: RestartConfig = Field(default_factory=RestartConfig)
+    virtual_inference: VirtualInferenceConfig = Field(default_factory=VirtualInferenceConfig)
+
+    @property
+    def virtual_inference_on(self) -> bool:
+        """Whether DP rank 0 of this engine gets the virtual-inference probe."""
+        vi = self.virtual_inference.enabled
+        return self.kind is EngineKind.VLLM if vi is None else vi
 
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
 
 
+class NpuConfig(_Strict):
+    """NPU sampling with Ascend's ``npu-smi`` (health, temperature, power, HBM, AI-core use per
+    chip) for the node manager's metrics, heartbeats and the virtual-inference busy check."""
+    enabled: bool | None = Field(
+        None, description="null = on when `smi_path` is found; false = off; true = on (a missing "
+                          "npu-smi is then logged as an error once)")
+    smi_path: str = Field("npu-smi", min_length=1, description="the npu-smi command (looked up on PATH)")
+    interval_s: float = Field(5.0, gt=0, description="period of `npu-smi info` sampling")
+    timeout_s: float = Field(5.0, gt=0, description="timeout of one npu-smi call")
+
+
 class NodeConfig(_Strict):
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     host: str = "127.0.0.1"
     log_dir: str | None = Field(None, description="engine logs (default: a temp dir per run)")
+    mgmt_port: int | None = Field(
+        None, ge=0, le=65535, description="node manager's management API port (/health, /metrics, "
+                                          "/v1/instances); 0 = any; null = off; `--port` overrides")
+    npu: NpuConfig = Field(default_factory=NpuConfig)
     engines: list[EngineConfig] = Field(default_factory=list)
 
     @field_validator("engines")

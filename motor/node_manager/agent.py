@@ -33,8 +33,14 @@ from motor.config.schema import NodeConfig
 from motor.errors import ConfigError
 from motor.http import Client, HttpServer, Request, Response, Router, install_uvloop
 from motor.node_manager.engines import InstancePlan, plan_node
+from motor.node_manager.npu import NpuMonitor
 from motor.node_manager.supervisor import EngineProcess, ProcState
-from motor.protocol.instances import Heartbeat, NodeRegistration
+from motor.protocol.instances import (EngineHealth, Heartbeat, NodeRegistration, NpuChip,
+                                      VirtualInferenceStatus)
+
+#: worst first: the instance's state in heartbeats is its worst process's
+_SEVERITY = [ProcState.FAILED, ProcState.BACKOFF, ProcState.UNHEALTHY, ProcState.STARTING,
+             ProcState.STOPPED, ProcState.READY]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +71,14 @@ class EngineInstance:
                 return f"{p.name}: {p.reason or p.state.value}"
         return None
 
+    def engine_health(self) -> EngineHealth:
+        state = min((p.state for p in self.processes), key=_SEVERITY.index)
+        vi = next((p.vi for p in self.processes if p.vi is not None), None)
+        return EngineHealth(
+            state=state.value, http_healthy=all(p.http_healthy for p in self.processes),
+            restarts=sum(p.restarts for p in self.processes),
+            virtual_inference=VirtualInferenceStatus(**vi.status()) if vi is not None else None)
+
     def status(self) -> dict[str, object]:
         return {"id": self.id, "healthy": self.healthy, "failed": self.failed,
                 "processes": [p.status() for p in self.processes]}
@@ -89,7 +103,7 @@ class NodeAgent:
     log_dir : str or None
         Engine logs; default ``node.log_dir`` or a fresh temp dir.
     mgmt_host, mgmt_port : management API (``/health``, ``/metrics``, ``/v1/instances``);
-        ``mgmt_port=None`` = off, 0 = any free port.
+        ``mgmt_port=None`` = ``node.mgmt_port`` (None there too = off), 0 = any free port.
     """
 
     def __init__(self, node: NodeConfig, controller_url: str, heartbeat_interval_s: float = 1.0,
@@ -101,7 +115,7 @@ class NodeAgent:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.log_dir = log_dir or node.log_dir
         self.mgmt_host = mgmt_host or node.host
-        self.mgmt_port_wanted = mgmt_port
+        self.mgmt_port_wanted = mgmt_port if mgmt_port is not None else node.mgmt_port
         self.mgmt_port: int | None = None
         self.plans = plan_node(node)  # raises ConfigError on a bad engine_config
         self.client = Client(connect_timeout_s=2.0)
@@ -120,6 +134,32 @@ class NodeAgent:
                                ["instance", "process"], registry=self._metrics)
         self._g_ctrl = Gauge("motor_node_controller_reachable", "1 when the controller answers",
                              registry=self._metrics)
+        self.npu = NpuMonitor(node.npu)
+        ip = ["instance", "process"]
+        self._g_vi_failures = Gauge("motor_node_virtual_inference_failures",
+                                    "failed virtual-inference rounds in a row", ip,
+                                    registry=self._metrics)
+        self._g_vi_unhealthy = Gauge("motor_node_virtual_inference_unhealthy",
+                                     "1 when virtual inference reports the engine unhealthy", ip,
+                                     registry=self._metrics)
+        self._g_vi_rounds = Gauge("motor_node_virtual_inference_rounds",
+                                  "virtual-inference rounds since the engine (re)started, by "
+                                  "result (ok, failed, busy = failed request on a busy NPU)",
+                                  ip + ["result"], registry=self._metrics)
+        self._g_npu_up = Gauge("motor_npu_up", "1 when the last npu-smi sample succeeded "
+                               "(absent without npu-smi)", registry=self._metrics)
+        chip = ["npu", "chip", "device", "name"]
+        self._g_npu: dict[str, Gauge] = {
+            key: Gauge(f"motor_npu_{metric}", help_, chip, registry=self._metrics)
+            for key, metric, help_ in [
+                ("healthy", "healthy", "1 when npu-smi says Health OK"),
+                ("temp_c", "temperature_celsius", "chip temperature"),
+                ("power_w", "power_watts", "card power (first chip of a card)"),
+                ("aicore_pct", "aicore_usage_percent", "AI-core use (npu-smi info)"),
+                ("hbm_used", "hbm_used_bytes", "HBM in use"),
+                ("hbm_total", "hbm_total_bytes", "HBM size"),
+                ("memory_used", "memory_used_bytes", "DDR / device memory in use"),
+                ("memory_total", "memory_total_bytes", "DDR / device memory size")]}
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -133,9 +173,11 @@ class NodeAgent:
             self.mgmt_port = await self._http.listen(self.mgmt_host, self.mgmt_port_wanted)
             logger.info("node manager %s: management API on http://%s:%d", self.node.name,
                         self.mgmt_host, self.mgmt_port)
+        self.npu.start()  # says once whether npu-smi is there
         for plan in self.plans:
             procs = [EngineProcess(spec, plan.engine, self.log_dir, self.client,
-                                   on_change=self._dirty.set) for spec in plan.processes]
+                                   on_change=self._dirty.set, npu=self.npu)
+                     for spec in plan.processes]
             self.instances.append(EngineInstance(plan, procs))
         for inst in self.instances:
             for p in inst.processes:
@@ -154,6 +196,7 @@ class NodeAgent:
                 pass
             self._task = None
         await asyncio.gather(*(p.stop() for i in self.instances for p in i.processes))
+        await self.npu.stop()
         if self.registered:
             try:
                 await self._post("/v1/nodes/deregister", {"node": self.node.name},
@@ -170,13 +213,16 @@ class NodeAgent:
     # ------------------------------------------------------------ controller
     def registration(self) -> NodeRegistration:
         return NodeRegistration(node=self.node.name, host=self.node.host,
-                                instances=[i.plan.spec(healthy=i.healthy) for i in self.instances])
+                                instances=[i.plan.spec(healthy=i.healthy) for i in self.instances],
+                                mgmt_port=self.mgmt_port)
 
     def heartbeat(self) -> Heartbeat:
         return Heartbeat(node=self.node.name,
                          health={i.id: i.healthy for i in self.instances},
                          failed=[i.id for i in self.instances if i.failed],
-                         reasons={i.id: r for i in self.instances if (r := i.reason)})
+                         reasons={i.id: r for i in self.instances if (r := i.reason)},
+                         engines={i.id: i.engine_health() for i in self.instances},
+                         npu=[NpuChip(**c) for c in self.npu.snapshot()])
 
     async def _post(self, path: str, body: object, timeout_s: float) -> dict[str, object]:
         data = body.model_dump_json().encode() if hasattr(body, "model_dump_json") \
@@ -238,7 +284,42 @@ class NodeAgent:
     def status(self) -> dict[str, object]:
         return {"node": self.node.name, "controller": self.controller_url,
                 "registered": self.registered, "controller_reachable": self.controller_reachable,
-                "log_dir": self.log_dir, "instances": [i.status() for i in self.instances]}
+                "log_dir": self.log_dir, "instances": [i.status() for i in self.instances],
+                "npu": {"enabled": self.npu.enabled, "last_error": self.npu.last_error,
+                        "chips": self.npu.snapshot()}}
+
+    def _update_metrics(self) -> None:
+        for i in self.instances:
+            for p in i.processes:
+                self._g_healthy.labels(i.id, p.name).set(1 if p.healthy else 0)
+                self._g_restarts.labels(i.id, p.name).set(p.restarts)
+                self._g_failed.labels(i.id, p.name).set(1 if p.failed else 0)
+                vi = p.vi
+                if vi is not None:
+                    self._g_vi_failures.labels(i.id, p.name).set(vi.failures)
+                    self._g_vi_unhealthy.labels(i.id, p.name).set(1 if vi.unhealthy else 0)
+                    for result, n in (("ok", vi.ok_rounds), ("failed", vi.failed_rounds),
+                                      ("busy", vi.busy_rounds)):
+                        self._g_vi_rounds.labels(i.id, p.name, result).set(n)
+        self._g_ctrl.set(1 if self.controller_reachable else 0)
+        if not self.npu.enabled:
+            return
+        self._g_npu_up.set(1 if self.npu.chips and self.npu.last_error is None else 0)
+        for g in self._g_npu.values():
+            g.clear()
+        mb = 1024 * 1024
+        for c in self.npu.chips:
+            lab = (str(c.npu), str(c.chip), str(c.device), c.name)
+            vals = {"healthy": 1.0 if c.healthy else 0.0, "temp_c": c.temp_c,
+                    "power_w": c.power_w, "aicore_pct": c.aicore_pct,
+                    "hbm_used": c.hbm_used_mb, "hbm_total": c.hbm_total_mb,
+                    "memory_used": c.memory_used_mb, "memory_total": c.memory_total_mb}
+            for key, v in vals.items():
+                if v is None:
+                    continue
+                if key.startswith(("hbm", "memory")):
+                    v = v * mb
+                self._g_npu[key].labels(*lab).set(v)
 
     def _route(self) -> Router:
         r = Router()
@@ -250,12 +331,7 @@ class NodeAgent:
             resp.send(200, orjson.dumps(self.status()))
 
         async def metrics(req: Request, resp: Response) -> None:
-            for i in self.instances:
-                for p in i.processes:
-                    self._g_healthy.labels(i.id, p.name).set(1 if p.healthy else 0)
-                    self._g_restarts.labels(i.id, p.name).set(p.restarts)
-                    self._g_failed.labels(i.id, p.name).set(1 if p.failed else 0)
-            self._g_ctrl.set(1 if self.controller_reachable else 0)
+            self._update_metrics()
             resp.send(200, generate_latest(self._metrics), content_type=CONTENT_TYPE_LATEST.encode())
 
         r.add("GET", "/health", health)

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address of the management API (default: the node's host)")
     parser.add_argument("--port", type=int, default=None,
                         help="port of the management API (GET /health, /metrics, /v1/instances); "
-                             "0 = any free port (default: no management API)")
+                             "0 = any free port (default: the node's mgmt_port; none there: no "
+                             "management API)")
     parser.add_argument("--log-dir", metavar="DIR", default=None,
                         help="directory of the engine log files (default: the node's log_dir, "
                              "else a new temporary directory)")

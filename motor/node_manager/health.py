@@ -5,15 +5,30 @@ An engine is healthy from its first 200 answer; once healthy it turns unhealthy 
 status), so one slow answer under load does not flap the instance. A restarted engine gets
 a fresh probe (the supervisor makes one per process start).
 
-Issue 8 grows this module: the virtual-inference probe for vLLM (DP rank 0 only) will run
-next to this one and feed the same ``healthy`` flag.
+Virtual inference (:class:`VirtualInference`, DP rank 0 of engines with
+``virtual_inference_on``: vLLM by default, ``sim`` when configured) catches an engine whose
+``/health`` still answers but which no longer generates. It starts after the first healthy
+``/health``, waits ``warmup_s``, then every ``interval_s`` sends ``POST /v1/completions``
+``{"model", "prompt": "1", "max_tokens": 1, "temperature": 0}`` (a decode instance adds
+``kv_transfer_params: {"do_virtual": true}``) with ``timeout_s``. While the request runs, the
+AI-core use of the engine's NPUs is sampled every ``npu_sample_interval_s`` (for at least
+``npu_min_window_s`` when the request fails); a round **fails only if the request failed and
+every sample stayed below** ``npu_busy_pct`` (an engine that is busy is not dead; without
+NPU data a failed request counts). ``failures`` failed rounds in a row -> ``unhealthy`` (the
+instance is reported unhealthy; nothing is killed, the controller decides); one good round
+clears it.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from typing import Callable
+import time
+from typing import Awaitable, Callable
 
+import orjson
+
+from motor.config.schema import Role, VirtualInferenceConfig
 from motor.http import Client
 
 logger = logging.getLogger(__name__)
@@ -89,3 +104,167 @@ class HealthProbe:
                 if self.healthy and self.failures >= self.failures_to_unhealthy:
                     self._set(False)
             await asyncio.sleep(self.interval_s)
+
+
+AicoreFn = Callable[[], Awaitable["float | None"]]
+_ids = itertools.count(1)
+
+
+class VirtualInference:
+    """The virtual-inference probe of one engine endpoint (see the module doc).
+
+    Parameters
+    ----------
+    client : motor.http.Client
+    host, port : the engine endpoint (DP rank 0)
+    model : str
+        served model name (the request's ``model``)
+    cfg : VirtualInferenceConfig
+    role : Role
+        ``decode`` adds ``kv_transfer_params: {"do_virtual": true}``.
+    aicore : async callable or None
+        current highest AI-core use (%) of the engine's NPUs, None when unknown (no npu-smi).
+    on_change : called with ``unhealthy`` whenever it flips
+    """
+
+    def __init__(self, client: Client, host: str, port: int, model: str,
+                 cfg: VirtualInferenceConfig, role: Role = Role.UNION,
+                 aicore: AicoreFn | None = None,
+                 on_change: Callable[[bool], None] | None = None, name: str = "") -> None:
+        self.client = client
+        self.host = host
+        self.port = port
+        self.cfg = cfg
+        self.aicore = aicore
+        self.on_change = on_change
+        self.name = name or f"{host}:{port}"
+        body: dict[str, object] = {"model": model, "prompt": cfg.prompt, "max_tokens": 1,
+                                   "temperature": 0, "stream": False}
+        if role is Role.DECODE:
+            body["kv_transfer_params"] = {"do_virtual": True}
+        self.body = orjson.dumps(body)
+        self.state = "waiting"
+        self.unhealthy = False
+        self.failures = 0
+        self.rounds = 0
+        self.busy_rounds = 0
+        self.ok_rounds = 0
+        self.failed_rounds = 0
+        self.last_error: str | None = None
+        self.last_aicore_pct: float | None = None
+
+    def status(self) -> dict[str, object]:
+        return {"state": self.state, "failures": self.failures, "rounds": self.rounds,
+                "busy_rounds": self.busy_rounds, "last_error": self.last_error,
+                "last_aicore_pct": self.last_aicore_pct}
+
+    async def request_once(self) -> str | None:
+        """One completion; None on success, else why it failed."""
+        rid = f"motor-virtual-{next(_ids)}".encode()
+        try:
+            async def go() -> tuple[int, bytes]:
+                resp = await self.client.pool(self.host, self.port).request(
+                    b"POST", b"/v1/completions", self.body,
+                    ((b"content-type", b"application/json"), (b"x-request-id", rid)),
+                    first_byte_timeout_s=self.cfg.timeout_s, idle_timeout_s=self.cfg.timeout_s)
+                async with resp:
+                    return resp.status, await resp.read()
+            status, raw = await asyncio.wait_for(go(), self.cfg.timeout_s)
+        except (asyncio.TimeoutError, TimeoutError):
+            return f"no answer within {self.cfg.timeout_s:g} s"
+        except Exception as e:
+            return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        if status != 200:
+            return f"status {status}: {raw[:200].decode('utf-8', 'replace')}"
+        try:
+            doc = orjson.loads(raw)
+            if not doc.get("choices"):
+                return "answer without choices"
+        except (orjson.JSONDecodeError, AttributeError):
+            return "answer is not a JSON object"
+        return None
+
+    async def _sample(self, samples: list[float]) -> None:
+        assert self.aicore is not None
+        while True:
+            try:
+                v = await self.aicore()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the sampler logs its own failures
+                v = None
+            if v is not None:
+                samples.append(v)
+            await asyncio.sleep(self.cfg.npu_sample_interval_s)
+
+    async def round(self) -> bool:
+        """One round; returns True when it counts as failed (and updates the state)."""
+        self.rounds += 1
+        samples: list[float] = []
+        sampler = asyncio.create_task(self._sample(samples)) if self.aicore is not None else None
+        t0 = time.monotonic()
+        try:
+            err = await self.request_once()
+            if err is not None and sampler is not None:
+                rest = self.cfg.npu_min_window_s - (time.monotonic() - t0)
+                if rest > 0:
+                    await asyncio.sleep(rest)
+                if not samples:  # always look at least once
+                    await asyncio.sleep(min(self.cfg.npu_sample_interval_s, self.cfg.timeout_s))
+        finally:
+            if sampler is not None:
+                sampler.cancel()
+                try:
+                    await sampler
+                except asyncio.CancelledError:
+                    pass
+        self.last_aicore_pct = max(samples) if samples else None
+        if err is None:
+            self.ok_rounds += 1
+            if self.failures or self.unhealthy:
+                logger.info("engine %s: virtual inference answers again", self.name)
+            self.failures = 0
+            self.last_error = None
+            self._set_unhealthy(False)
+            self.state = "ok"
+            return False
+        busy = self.last_aicore_pct is not None and self.last_aicore_pct >= self.cfg.npu_busy_pct
+        if busy:
+            self.busy_rounds += 1
+            self.last_error = (f"{err} (not counted: AI-core use {self.last_aicore_pct:g} % >= "
+                               f"{self.cfg.npu_busy_pct:g} %)")
+            logger.info("engine %s: virtual inference failed but the NPU is busy: %s",
+                        self.name, self.last_error)
+            return False
+        self.failed_rounds += 1
+        self.failures += 1
+        self.last_error = err
+        logger.warning("engine %s: virtual inference failed (%d/%d in a row): %s", self.name,
+                       self.failures, self.cfg.failures, err)
+        if self.failures >= self.cfg.failures:
+            self._set_unhealthy(True)
+        self.state = "unhealthy" if self.unhealthy else "failing"
+        return True
+
+    def _set_unhealthy(self, value: bool) -> None:
+        if value == self.unhealthy:
+            return
+        self.unhealthy = value
+        if value:
+            logger.error("engine %s: %d virtual-inference rounds failed in a row: reporting the "
+                         "instance unhealthy (last: %s)", self.name, self.failures, self.last_error)
+        if self.on_change is not None:
+            self.on_change(value)
+
+    async def run(self) -> None:
+        """Warm-up, then a round every ``interval_s``, until cancelled. Start it after the
+        engine's first healthy ``/health``."""
+        self.state = "warmup"
+        if self.cfg.warmup_s > 0:
+            logger.info("engine %s: virtual inference starts in %g s (warm-up)", self.name,
+                        self.cfg.warmup_s)
+            await asyncio.sleep(self.cfg.warmup_s)
+        while True:
+            t0 = time.monotonic()
+            await self.round()
+            await asyncio.sleep(max(0.0, self.cfg.interval_s - (time.monotonic() - t0)))

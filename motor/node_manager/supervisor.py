@@ -15,6 +15,12 @@ up: the process is ``failed`` (reported unhealthy to the controller, error in th
 Stopping (and cleaning up after an engine that exited by itself): SIGTERM to the group ->
 wait up to ``stop_timeout_s`` for the leader to exit and the group to be empty -> SIGKILL
 to the group.
+
+Health: a :class:`~motor.node_manager.health.HealthProbe` per process start; for DP rank 0 of
+an engine with virtual inference on, a :class:`~motor.node_manager.health.VirtualInference`
+starts at the first healthy ``/health``. The process is ``ready`` while ``/health`` is healthy
+and virtual inference is not unhealthy; a failing virtual inference makes it ``unhealthy``
+(reported to the controller) but never stops or restarts it.
 """
 from __future__ import annotations
 
@@ -32,7 +38,8 @@ from typing import Callable
 from motor.config.schema import EngineConfig, RestartPolicy
 from motor.http import Client
 from motor.node_manager.engines import ProcessSpec, full_env
-from motor.node_manager.health import HealthProbe
+from motor.node_manager.health import HealthProbe, VirtualInference
+from motor.node_manager.npu import NpuMonitor, visible_devices
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +175,7 @@ class EngineProcess:
     def __init__(self, spec: ProcessSpec, engine: EngineConfig, log_dir: str, client: Client,
                  on_change: Callable[[], None] | None = None,
                  log_max_bytes: int = LOG_MAX_BYTES, clock: Callable[[], float] = time.monotonic,
-                 ) -> None:
+                 npu: NpuMonitor | None = None) -> None:
         self.spec = spec
         self.engine = engine
         self.client = client
@@ -180,6 +187,11 @@ class EngineProcess:
         self.reason: str | None = None
         self.proc: asyncio.subprocess.Process | None = None
         self.probe: HealthProbe | None = None
+        self.npu = npu
+        #: virtual inference of the current run (DP rank 0 of an engine with it on), else None
+        self.vi: VirtualInference | None = None
+        self._vi_task: asyncio.Task[None] | None = None
+        self._start_timed_out = False
         self.restarts = 0
         self.last_exit: int | None = None
         self._restart_times: collections.deque[float] = collections.deque()
@@ -204,10 +216,20 @@ class EngineProcess:
     def failed(self) -> bool:
         return self.state is ProcState.FAILED
 
+    @property
+    def http_healthy(self) -> bool:
+        p = self.probe
+        return self.pid is not None and p is not None and p.healthy
+
+    @property
+    def virtual_inference_on(self) -> bool:
+        return self.engine.virtual_inference_on and self.spec.endpoint.dp_rank == 0
+
     def status(self) -> dict[str, object]:
         return {"name": self.name, "state": self.state.value, "pid": self.pid,
                 "port": self.spec.endpoint.port, "restarts": self.restarts,
-                "last_exit": self.last_exit, "reason": self.reason, "log": self.log_path}
+                "last_exit": self.last_exit, "reason": self.reason, "log": self.log_path,
+                "virtual_inference": self.vi.status() if self.vi is not None else None}
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -234,12 +256,39 @@ class EngineProcess:
             self.on_change()
 
     def _on_health(self, healthy: bool) -> None:
-        if self.state in (ProcState.STARTING, ProcState.READY, ProcState.UNHEALTHY):
-            if healthy:
-                self._set(ProcState.READY, None)
-            else:
-                err = self.probe.last_error if self.probe is not None else None
-                self._set(ProcState.UNHEALTHY, f"health probe failing: {err}")
+        if healthy and self.vi is not None and self._vi_task is None:
+            self._vi_task = asyncio.create_task(self.vi.run(), name=f"virtual inference {self.name}")
+        self._refresh()
+
+    def _refresh(self, _: object = None) -> None:
+        """READY / UNHEALTHY from the /health probe and virtual inference (running states only)."""
+        if self.state not in (ProcState.STARTING, ProcState.READY, ProcState.UNHEALTHY):
+            return
+        probe, vi = self.probe, self.vi
+        if probe is None:
+            return
+        if probe.healthy and not (vi is not None and vi.unhealthy):
+            self._set(ProcState.READY, None)
+        elif probe.healthy and vi is not None:
+            self._set(ProcState.UNHEALTHY, f"virtual inference failing ({vi.failures} rounds in "
+                                           f"a row): {vi.last_error}")
+        elif probe.ever_healthy:
+            self._set(ProcState.UNHEALTHY, f"health probe failing: {probe.last_error}")
+
+    def _make_vi(self) -> VirtualInference | None:
+        if not self.virtual_inference_on:
+            return None
+        npu = self.npu
+        aicore = None
+        if npu is not None and npu.enabled:
+            devices = visible_devices(self.spec.env)
+
+            async def aicore() -> float | None:  # type: ignore[misc]
+                return await npu.aicore_pct(devices)
+        ep = self.spec.endpoint
+        return VirtualInference(self.client, ep.host, ep.port, self.engine.model_name,
+                                self.engine.virtual_inference, self.engine.role, aicore,
+                                on_change=self._refresh, name=self.name)
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         rotate_log(self.log_path, self.log_max_bytes)
@@ -270,8 +319,10 @@ class EngineProcess:
                 if was_healthy:
                     consecutive = 0
                 # decide whether to restart
+                # a start-up timeout is a failure even when the engine then exits 0 on SIGTERM
+                clean = rc == 0 and not self._start_timed_out
                 if rcfg.policy is RestartPolicy.NEVER or (
-                        rcfg.policy is RestartPolicy.ON_FAILURE and rc == 0):
+                        rcfg.policy is RestartPolicy.ON_FAILURE and clean):
                     logger.error("engine %s %s; restart policy %s: not restarting",
                                  self.name, exit_reason, rcfg.policy.value)
                     self._set(ProcState.FAILED, f"{exit_reason}; restart policy {rcfg.policy.value}")
@@ -305,6 +356,7 @@ class EngineProcess:
 
     async def _run_once(self, stop_wait: asyncio.Task[bool]) -> tuple[str, int | None, bool]:
         """Run the engine once; returns (why it ended, exit status, was it ever healthy)."""
+        self._start_timed_out = False
         try:
             proc = await self._spawn()
         except OSError as e:
@@ -317,6 +369,8 @@ class EngineProcess:
         probe = self.probe = HealthProbe(
             self.client, ep.host, ep.port, self.spec.health_path, self.engine.health_interval_s,
             self.engine.health_timeout_s, on_change=self._on_health, name=self.name)
+        self.vi = self._make_vi()
+        self._vi_task = None
         probe_task = asyncio.create_task(probe.run())
         exit_wait = asyncio.create_task(proc.wait())
         started = self.clock()
@@ -338,14 +392,19 @@ class EngineProcess:
                 if not probe.ever_healthy and \
                         self.clock() - started >= self.engine.startup_timeout_s:
                     why = f"not healthy within startup_timeout_s={self.engine.startup_timeout_s:g} s"
+                    self._start_timed_out = True
                     logger.error("engine %s %s: stopping it", self.name, why)
                     break
         finally:
-            probe_task.cancel()
-            try:
-                await probe_task
-            except asyncio.CancelledError:
-                pass
+            for t in (probe_task, self._vi_task):
+                if t is None:
+                    continue
+                t.cancel()
+                try:
+                    await t
+                except asyncio.CancelledError:
+                    pass
+            self._vi_task = None
             # stop request, startup timeout, or leftovers of an engine that exited by itself
             rc = await terminate_group(proc, self.engine.stop_timeout_s, self.name)
             if not exit_wait.done():

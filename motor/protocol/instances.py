@@ -18,6 +18,12 @@ Controller HTTP API (JSON bodies):
 Errors are OpenAI-style error bodies (400 for a malformed body, 409 for an instance id that
 another node already registered).
 
+Compatibility: every field added after v1 is optional with a default, and unknown fields are
+ignored (``extra="ignore"``), so old and new controllers / node managers talk to each other.
+Added for issue 8: ``InstanceSpec.dp_size / tp_size / kv_transfer / metaserver``,
+``NodeRegistration.mgmt_port``, ``Heartbeat.engines`` (per-instance engine health incl. the
+virtual-inference probe) and ``Heartbeat.npu`` (per-chip NPU sample).
+
 Heartbeat semantics: ``health[id] = true`` -> ``ready``; ``false`` -> ``unhealthy`` for a
 ``ready`` instance while a ``starting`` one stays ``starting`` (the engine is still coming
 up) unless the id is also in ``failed`` (the node manager gave up on it).
@@ -54,6 +60,14 @@ class Endpoint(_Wire):
         return f"http://{self.host}:{self.port}"
 
 
+class KvTransfer(_Wire):
+    """The engine's KV connector (from its ``kv_transfer_config``), for PD routing."""
+    connector: str = Field(description="e.g. NixlConnector, MooncakeConnectorV1, MooncakeLayerwiseConnector")
+    role: str | None = Field(None, description="kv_producer / kv_consumer / kv_both")
+    engine_id: str | None = None
+    kv_port: int | None = Field(None, description="the connector's side-channel port, when set")
+
+
 class InstanceSpec(_Wire):
     """What a node manager registers for one instance."""
     id: str = Field(min_length=1)
@@ -64,6 +78,13 @@ class InstanceSpec(_Wire):
     kv_events: str | None = Field(None, description="ZMQ endpoint of the engine's KV-event publisher")
     bootstrap_port: int | None = Field(None, description="SGLang PD bootstrap port (prefill instances)")
     healthy: bool = False
+    dp_size: int = Field(1, ge=1, description="data-parallel ranks of the instance")
+    tp_size: int = Field(1, ge=1, description="tensor-parallel size of each rank")
+    kv_transfer: KvTransfer | None = Field(None, description="KV connector of a PD instance")
+    metaserver: bool = Field(
+        False, description="the engine's KV connector speaks the decode-first metaserver protocol "
+                           "(vLLM-Ascend MooncakeLayerwiseConnector): a decode request carries "
+                           "kv_transfer_params.metaserver = a coordinator URL that D calls back")
 
 
 class Instance(InstanceSpec):
@@ -77,6 +98,43 @@ class NodeRegistration(_Wire):
     node: str = Field(min_length=1)
     host: str = "127.0.0.1"
     instances: list[InstanceSpec] = Field(default_factory=list)
+    mgmt_port: int | None = Field(None, description="node manager's management API port, if on")
+
+
+class VirtualInferenceStatus(_Wire):
+    """The virtual-inference probe of an instance (DP rank 0)."""
+    #: ``waiting`` (for the first healthy /health), ``warmup``, ``ok``, ``failing`` (some failed
+    #: rounds in a row), ``unhealthy`` (``failures`` in a row: the instance is reported unhealthy)
+    state: str = "waiting"
+    failures: int = Field(0, description="failed rounds in a row")
+    rounds: int = 0
+    busy_rounds: int = Field(0, description="failed requests not counted: the NPU was busy")
+    last_error: str | None = None
+    last_aicore_pct: float | None = None
+
+
+class EngineHealth(_Wire):
+    """Engine health of one instance as the node manager sees it."""
+    state: str = Field(description="worst process state: starting / ready / unhealthy / backoff / failed / stopped")
+    http_healthy: bool = Field(False, description="every process answers its health path")
+    restarts: int = 0
+    virtual_inference: VirtualInferenceStatus | None = None
+
+
+class NpuChip(_Wire):
+    """One NPU chip as ``npu-smi info`` last showed it (None = not shown / NA)."""
+    npu: int
+    chip: int
+    device: int
+    name: str = ""
+    health: str = ""
+    power_w: float | None = None
+    temp_c: float | None = None
+    aicore_pct: float | None = None
+    hbm_used_mb: int | None = None
+    hbm_total_mb: int | None = None
+    memory_used_mb: int | None = None
+    memory_total_mb: int | None = None
 
 
 class Heartbeat(_Wire):
@@ -87,6 +145,10 @@ class Heartbeat(_Wire):
     failed: list[str] = Field(default_factory=list)
     #: optional short reason per instance ("exited with status -9, restart in 0.5 s")
     reasons: dict[str, str] = Field(default_factory=dict)
+    #: instance id -> engine health details (optional; the controller keys on ``health``)
+    engines: dict[str, EngineHealth] = Field(default_factory=dict)
+    #: the node's NPU chips (empty without npu-smi)
+    npu: list[NpuChip] = Field(default_factory=list)
 
 
 class InstanceTable(_Wire):

@@ -29,9 +29,12 @@ import orjson
 
 from motor.config.schema import EngineConfig, EngineKind, NodeConfig
 from motor.errors import ConfigError
-from motor.protocol.instances import Endpoint, InstanceSpec
+from motor.protocol.instances import Endpoint, InstanceSpec, KvTransfer
 
 Pairs = Mapping[str, Any] | Iterable[tuple[str, Any]]
+
+#: KV connectors of the decode-first "metaserver" protocol (D calls the coordinator back)
+METASERVER_CONNECTORS = frozenset({"MooncakeLayerwiseConnector"})
 
 
 def flag_key(key: str) -> str:
@@ -153,12 +156,16 @@ class InstancePlan:
     processes: list[ProcessSpec] = field(default_factory=list)
     kv_events: str | None = None
     bootstrap_port: int | None = None
+    kv_transfer: KvTransfer | None = None
 
     def spec(self, healthy: bool = False) -> InstanceSpec:
+        kv = self.kv_transfer
         return InstanceSpec(id=self.id, model=self.engine.model_name, role=self.engine.role,
                             engine=self.engine.kind, endpoints=[p.endpoint for p in self.processes],
                             kv_events=self.kv_events, bootstrap_port=self.bootstrap_port,
-                            healthy=healthy)
+                            healthy=healthy, dp_size=self.engine.dp_size,
+                            tp_size=self.engine.tp_size, kv_transfer=kv,
+                            metaserver=kv is not None and kv.connector in METASERVER_CONNECTORS)
 
 
 class Backend(Protocol):

@@ -24,6 +24,7 @@ from motor.config.schema import EngineConfig, NodeConfig, Role
 from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, endpoint,
                                         engine_flags, instance_id, launcher, process_name)
 from motor.node_manager.engines.vllm import kv_events_address, user_value
+from motor.protocol.instances import KvTransfer
 
 BOOTSTRAP_PORT_BASE = 8998
 
@@ -71,7 +72,15 @@ class SglangBackend:
                            endpoint=endpoint(engine, index, 0), health_path=engine.health_path)
         return InstancePlan(id=iid, node=node.name, engine=engine, processes=[proc],
                             kv_events=kv_events_address(engine),
-                            bootstrap_port=self.bootstrap_port(engine, index))
+                            bootstrap_port=self.bootstrap_port(engine, index),
+                            kv_transfer=self.kv_transfer(engine))
+
+    def kv_transfer(self, engine: EngineConfig) -> KvTransfer | None:
+        """PD instances: the transfer backend (SGLang's default: mooncake) as the connector."""
+        if engine.role is Role.UNION:
+            return None
+        backend = user_value(engine, "disaggregation-transfer-backend") or "mooncake"
+        return KvTransfer(connector=f"sglang-{backend}", role=engine.role.value)
 
 
 BACKEND = SglangBackend()

@@ -27,6 +27,7 @@ from motor.config.schema import EngineConfig, NodeConfig, Role
 from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, endpoint,
                                         engine_flags, flag_key, instance_id, launcher,
                                         process_name)
+from motor.protocol.instances import KvTransfer
 
 DEFAULT_LAUNCHER = ["vllm", "serve"]
 DEFAULT_CONNECTOR = "NixlConnector"
@@ -70,9 +71,7 @@ class VllmBackend:
             defaults += [("data-parallel-address", ep.host),
                          ("data-parallel-rpc-port", DP_RPC_PORT_BASE + index)]
         if engine.role is not Role.UNION:
-            defaults.append(("kv-transfer-config", {
-                "kv_connector": DEFAULT_CONNECTOR, "kv_role": kv_role(engine.role, DEFAULT_CONNECTOR),
-                "engine_id": iid}))
+            defaults.append(("kv-transfer-config", default_kv_transfer_config(engine, iid)))
         defaults.append(("disable-access-log-for-endpoints", "/health,/metrics"))
         return launcher(engine, DEFAULT_LAUNCHER) + engine_flags(
             engine.engine_config, managed=managed, defaults=defaults, negatable=NEGATABLE,
@@ -90,18 +89,46 @@ class VllmBackend:
                                      endpoint=endpoint(engine, index, r),
                                      health_path=engine.health_path))
         return InstancePlan(id=iid, node=node.name, engine=engine, processes=procs,
-                            kv_events=kv_events_address(engine))
+                            kv_events=kv_events_address(engine),
+                            kv_transfer=kv_transfer_info(engine, iid))
+
+
+def default_kv_transfer_config(engine: EngineConfig, iid: str) -> dict[str, Any]:
+    return {"kv_connector": DEFAULT_CONNECTOR, "kv_role": kv_role(engine.role, DEFAULT_CONNECTOR),
+            "engine_id": iid}
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, str):
+        import json
+        try:
+            return json.loads(v)
+        except ValueError:
+            return None
+    return v
+
+
+def kv_transfer_info(engine: EngineConfig, iid: str) -> KvTransfer | None:
+    """The registration's view of the engine's ``kv_transfer_config`` (user's, else motor's)."""
+    cfg = _json_value(user_value(engine, "kv-transfer-config"))
+    if cfg is None and engine.role is not Role.UNION:
+        cfg = default_kv_transfer_config(engine, iid)
+    if not isinstance(cfg, dict) or not cfg.get("kv_connector"):
+        return None
+    port = cfg.get("kv_port")
+    try:
+        kv_port = int(port) if port is not None else None
+    except (TypeError, ValueError):
+        kv_port = None
+    return KvTransfer(connector=str(cfg["kv_connector"]),
+                      role=str(cfg["kv_role"]) if cfg.get("kv_role") else None,
+                      engine_id=str(cfg["engine_id"]) if cfg.get("engine_id") else None,
+                      kv_port=kv_port)
 
 
 def kv_events_address(engine: EngineConfig) -> str | None:
     """Where a subscriber reaches the KV-event publisher of rank 0 (from ``kv_events_config``)."""
-    cfg = user_value(engine, "kv-events-config")
-    if isinstance(cfg, str):
-        import json
-        try:
-            cfg = json.loads(cfg)
-        except ValueError:
-            return None
+    cfg = _json_value(user_value(engine, "kv-events-config"))
     if not isinstance(cfg, dict) or not cfg.get("endpoint"):
         return None
     ep = str(cfg["endpoint"])

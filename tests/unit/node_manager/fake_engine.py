@@ -1,6 +1,6 @@
 """A tiny stand-in engine for node-manager tests: answers 200 on every GET.
 
-    fake_engine.py --host H --port P [--ignore-sigterm] [--child-pid-file F]
+    fake_engine.py --host H --port P [--ignore-sigterm | --sigterm-exit-status N] [--child-pid-file F]
                    [--exit-after S] [--healthy-after S] [--pid-file F] [any other --flags]
 
 ``--child-pid-file``: spawn a child (same process group) that ignores SIGTERM and write its
@@ -19,6 +19,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--host", default="127.0.0.1")
 p.add_argument("--port", type=int, required=True)
 p.add_argument("--ignore-sigterm", action="store_true")
+p.add_argument("--sigterm-exit-status", type=int, help="exit with this status on SIGTERM")
 p.add_argument("--child-pid-file")
 p.add_argument("--pid-file")
 p.add_argument("--exit-after", type=float)
@@ -28,6 +29,8 @@ args, _unknown = p.parse_known_args()
 
 if args.ignore_sigterm:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif args.sigterm_exit_status is not None:
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(args.sigterm_exit_status))
 if args.pid_file:
     with open(args.pid_file, "w") as f:
         f.write(str(os.getpid()))

@@ -130,6 +130,21 @@ def test_startup_timeout(tmp_path: Path) -> None:
     run_uvloop(go())
 
 
+def test_startup_timeout_is_a_failure_for_on_failure_even_with_exit_0(tmp_path: Path) -> None:
+    """An engine that never gets healthy and exits 0 on SIGTERM is still restarted (on-failure)."""
+    async def go() -> None:
+        ep, client = make(tmp_path, ["--healthy-after", "1000", "--sigterm-exit-status", "0"],
+                          startup_timeout_s=0.3,
+                          restart={"policy": "on-failure", "max_restarts": 1})
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.FAILED, 30, "failed")
+        assert ep.restarts == 1 and ep.last_exit == 0
+        assert "giving up after 1 restart(s)" in (ep.reason or "")
+        await ep.stop()
+        client.close()
+    run_uvloop(go())
+
+
 def test_sigterm_ignored_escalates_to_sigkill_no_orphans(tmp_path: Path) -> None:
     async def go() -> None:
         child_file = str(tmp_path / "child.pid")
