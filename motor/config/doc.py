@@ -23,6 +23,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("coordinator.kv.tier_credit", schema.KvTierCreditConfig),
     ("coordinator.kv.events", schema.KvEventsConfig),
     ("coordinator.kv.approximate", schema.KvApproximateConfig),
+    ("coordinator.pd", schema.PdConfig),
     ("nodes[]", schema.NodeConfig),
     ("nodes[].npu", schema.NpuConfig),
     ("nodes[].engines[]", schema.EngineConfig),

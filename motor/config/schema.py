@@ -168,11 +168,12 @@ class KvRoutingConfig(_Strict):
                     "tokenizer.json + tokenizer_config.json (motor sim writes "
                     "~/.cache/motor/sim-tokenizer); unlisted models use `builtin`")
     tier_credit: KvTierCreditConfig = Field(default_factory=KvTierCreditConfig)
-    prefill_weight: float = Field(1.0, ge=0, description="cost per uncached prompt token in flight on "
-                                                          "an instance")
+    prefill_weight: float = Field(0.25, ge=0, description="cost per uncached prompt token in flight on "
+                                                           "an instance (in flight until the answer ends, "
+                                                           "so it counts prefills already done: < 1)")
     decode_weight: float = Field(0.0, ge=0, description="cost per token of max_tokens in flight on an "
                                                          "instance")
-    queue_penalty_tokens: float = Field(256.0, ge=0, description="cost per request in flight on an "
+    queue_penalty_tokens: float = Field(64.0, ge=0, description="cost per request in flight on an "
                                                                   "instance, in prompt-token equivalents")
     load_guard: float = Field(2.0, ge=0, description="an instance whose load is above this factor x "
                                                      "the candidates' mean load gets no cache credit; 0 = off")
@@ -182,6 +183,31 @@ class KvRoutingConfig(_Strict):
     approximate: KvApproximateConfig = Field(default_factory=KvApproximateConfig)
     groups: dict[str, KvGroupConfig] = Field(
         default_factory=dict, description="per model name: overrides of `approximate`")
+
+
+class PdConfig(_Strict):
+    """Prefill/decode disaggregation (the `pd_*` modes; see docs/pd.md)."""
+    prefill_policy: PolicyName | None = Field(
+        None, description="policy that picks the prefill instance; null = `coordinator.policy` "
+                          "(with `coordinator.policy: kv_affinity` the prefill choice uses the "
+                          "KV events; a `kv_affinity` here under another coordinator policy "
+                          "uses the approximate index only)")
+    decode_policy: PolicyName = Field(
+        PolicyName.LEAST_LOAD, description="policy that picks the decode instance")
+    prefill_timeout_s: float | None = Field(
+        None, gt=0, description="prefill leg: longest wait for its first byte and longest silence "
+                                "after it (decode-first: per metaserver callback; bootstrap: the "
+                                "prefill answer); null = `timeouts.first_token_s`")
+    fallback_to_union: bool = Field(
+        True, description="with no ready prefill or decode instance, send the request to a "
+                          "`union` instance through the ordinary path; false (or no union "
+                          "instance) = 503")
+    metaserver_url: str | None = Field(
+        None, pattern=r"^https?://",
+        description="`pd_decode_first`: the URL decode instances POST their callback to; null = "
+                    "`http://<coordinator.host>:<coordinator.port>/v1/metaserver` (the host's "
+                    "address when listening on 0.0.0.0). Set it when the engines reach the "
+                    "coordinator through another address (NAT, a load balancer)")
 
 
 class CoordinatorConfig(_Strict):
@@ -204,6 +230,7 @@ class CoordinatorConfig(_Strict):
     health_check_timeout_s: float = Field(2.0, gt=0)
     health_failures: int = Field(3, ge=1, description="standalone: consecutive failed probes -> endpoint out")
     kv: KvRoutingConfig = Field(default_factory=KvRoutingConfig)
+    pd: PdConfig = Field(default_factory=PdConfig)
 
 
 class RestartConfig(_Strict):

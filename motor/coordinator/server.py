@@ -27,7 +27,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import orjson
 
@@ -66,6 +66,12 @@ class _Route:
         if c is None:
             c = self._status[status] = metrics.REQUESTS.labels(self.name, str(status))
         c.inc()
+
+
+class SseFeed(Protocol):
+    """Rewrites whole SSE events on their way to the client ("" = drop them)."""
+
+    def feed(self, block: bytes) -> bytes: ...
 
 
 def _estimate_prompt_tokens(body: dict[str, Any], raw_len: int) -> int:
@@ -405,9 +411,12 @@ class Coordinator:
             parts.append(chunk)
 
     # -- streams ----------------------------------------------------------------------
-    async def _pump(self, up: UpstreamResponse, resp: Response, rec: StreamRecovery | None,
-                    route: _Route, t0: float, first: bool) -> tuple[BaseException | None, bool]:
-        """Relay one leg's SSE events to the client, cut at event boundaries.
+    async def _pump(self, up: UpstreamResponse, resp: Response, rec: "SseFeed | None",
+                    route: _Route, t0: float, first: bool,
+                    on_first: Callable[[], object] | None = None
+                    ) -> tuple[BaseException | None, bool]:
+        """Relay one leg's SSE events to the client, cut at event boundaries, each block
+        passed through ``rec.feed`` (stream recovery here, the usage merge of the PD modes).
 
         Returns (the error that ended the leg or ``None``, whether anything was written)."""
         tail = b""
@@ -448,6 +457,8 @@ class Coordinator:
                 if first:
                     first = False
                     route.ttft.observe(time.perf_counter() - t0)
+                    if on_first is not None:
+                        on_first()
                 await resp.drain()
         except (UpstreamTimeout, UpstreamClosed, OSError) as e:
             return e, wrote

@@ -235,3 +235,30 @@ async def test_pd_falls_back_to_union_or_503() -> None:
         await gw2.stop()
         await s.stop(0.2)
         await p.stop(0.2)
+
+
+@run_async
+async def test_pd_prefill_first_stream_with_prompt_logprobs_is_refused_like_vllm() -> None:
+    # vLLM cannot stream prompt_logprobs (400 from its protocol check); D never computes the
+    # prompt, so P's would be lost: refused before any leg, with vLLM's own error
+    c = await Cluster("pd_prefill_first").start()
+    try:
+        for path, extra in (("/v1/completions", {"prompt": "hello " * 10}),
+                            ("/v1/chat/completions",
+                             {"messages": [{"role": "user", "content": "hello"}]})):
+            for plp in (1, -1):
+                req = {"model": "m", "max_tokens": 3, "stream": True, "prompt_logprobs": plp,
+                       **extra}
+                st, _, body = await http(c.gw.port, "POST", path, orjson.dumps(req))
+                assert st == 400, body
+                err = orjson.loads(body)["error"]
+                assert err["param"] == "prompt_logprobs" and "stream=True" in err["message"]
+        assert c.bodies == []
+        assert c.gw.inflight() == 0
+        # prompt_logprobs 0 is allowed in a stream (as vLLM does)
+        req = {"model": "m", "max_tokens": 3, "stream": True, "prompt_logprobs": 0,
+               "prompt": "hello " * 10}
+        st, _, body = await http(c.gw.port, "POST", "/v1/completions", orjson.dumps(req))
+        assert st == 200 and _events(body)[-1] == "[DONE]"
+    finally:
+        await c.stop()

@@ -10,7 +10,7 @@ the coordinator for ``/v1/chat/completions`` and ``/v1/completions``. Every mode
 * holds each leg's load on its endpoint exactly while that leg runs (released in a
   ``finally``), closes each leg's upstream connection when the request ends for any
   reason (client gone, timeout, the other leg failed), and answers exactly once;
-* streams the decode answer through :func:`relay` (cut at SSE event boundaries,
+* streams the decode answer through the coordinator's SSE pump (cut at event boundaries,
   never buffered, one SSE error event + ``[DONE]`` when the decode breaks).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from prometheus_client import Counter, Histogram
@@ -164,6 +164,16 @@ class UsageMerger:
         return b"\n\n".join(out)
 
 
+def _own_policy(name: PolicyName, cfg: Any) -> Policy:
+    """A leg's policy other than the coordinator's. ``kv_affinity`` gets its own router
+    with ``coordinator.kv`` (approximate index only: the KV-event feed serves the
+    coordinator's policy, so set ``coordinator.policy: kv_affinity`` to route on events)."""
+    if name is PolicyName.KV_AFFINITY:
+        from motor.coordinator.kv.router import KvRouter
+        return make_policy(name.value, router=KvRouter(cfg.kv))
+    return make_policy(name.value)
+
+
 class PdMode:
     """Base of the PD modes; subclasses implement :meth:`run`."""
 
@@ -172,17 +182,14 @@ class PdMode:
     def __init__(self, coord: "Coordinator") -> None:
         self.coord = coord
         cfg = coord.cfg
-        pd = getattr(cfg, "pd", None)
-        pp = getattr(pd, "prefill_policy", None)
-        dp = getattr(pd, "decode_policy", PolicyName.LEAST_LOAD)
+        pd = cfg.pd
+        pp = pd.prefill_policy
         self.prefill_policy: Policy = coord.policy if pp is None or pp == cfg.policy \
-            else make_policy(pp.value if hasattr(pp, "value") else str(pp))
-        dp_name = dp.value if hasattr(dp, "value") else str(dp)
-        self.decode_policy: Policy = coord.policy if dp_name == cfg.policy.value \
-            else make_policy(dp_name)
-        self.prefill_timeout_s: float = getattr(pd, "prefill_timeout_s", None) \
-            or cfg.timeouts.first_token_s
-        self.fallback_to_union: bool = getattr(pd, "fallback_to_union", True)
+            else _own_policy(pp, cfg)
+        self.decode_policy: Policy = coord.policy if pd.decode_policy == cfg.policy \
+            else _own_policy(pd.decode_policy, cfg)
+        self.prefill_timeout_s: float = pd.prefill_timeout_s or cfg.timeouts.first_token_s
+        self.fallback_to_union: bool = pd.fallback_to_union
         self.first_byte_timeout_s = cfg.timeouts.first_token_s
         self.idle_timeout_s = cfg.timeouts.idle_s
         ka = getattr(cfg.timeouts, "keepalive_s", 0.0)
@@ -402,11 +409,14 @@ class PdMode:
         p_usage = p_answer.get("usage") if p_answer else None
         if status < 300 and ctype.startswith(b"text/event-stream"):
             resp.start(200, content_type=ctype, headers=ctx.rid_header)
-            merger = UsageMerger(p_usage)
-            err = await relay(up, resp, merger.feed, self.idle_timeout_s, self.keepalive_s,
-                              lambda: (PD_TTFT.labels(self.name).observe(
-                                  time.perf_counter() - ctx.t0),
-                                  route.ttft.observe(time.perf_counter() - ctx.t0)))
+            # the coordinator's SSE pump: cut at event boundaries, keep-alive comments,
+            # idle timeout; route.ttft observed there, the PD TTFT here
+            try:
+                err, _ = await self.coord._pump(
+                    up, resp, UsageMerger(p_usage), route, ctx.t0, True,
+                    lambda: PD_TTFT.labels(self.name).observe(time.perf_counter() - ctx.t0))
+            finally:
+                up.close()
             if err is None:
                 ep.succeeded()
                 resp.end()
@@ -500,55 +510,5 @@ def _as_error(status: int, data: bytes) -> bytes:
                               f"{data[:512].decode('utf-8', 'replace')}")
 
 
-async def relay(up: UpstreamResponse, resp: Response, feed: Callable[[bytes], bytes],
-                idle_timeout_s: float, keepalive_s: float,
-                on_first: Callable[[], object]) -> BaseException | None:
-    """Pass an SSE answer on as it arrives, cut at event boundaries (a stream broken
-    mid-event never leaves half an event at the client). Returns the error that ended it,
-    or ``None`` at a clean end. While the engine is silent, ``: keep-alive`` comments go
-    out every ``keepalive_s`` (0 = none) until ``idle_timeout_s`` of silence."""
-    tail = b""
-    silence = 0.0
-    first = True
-    try:
-        while True:
-            try:
-                chunk = await up.next_chunk()
-            except UpstreamTimeout as e:
-                if e.phase != "idle" or not keepalive_s:
-                    raise
-                silence += e.timeout_s
-                if silence >= idle_timeout_s:
-                    raise UpstreamTimeout("idle", idle_timeout_s) from None
-                resp.write(b": keep-alive\n\n")
-                continue
-            if chunk is None:
-                break
-            silence = 0.0
-            if tail:
-                chunk = tail + chunk
-                tail = b""
-            cut = chunk.rfind(b"\n\n")
-            if cut < 0:
-                tail = chunk
-                continue
-            if cut + 2 < len(chunk):
-                tail = chunk[cut + 2:]
-                chunk = chunk[:cut + 2]
-            chunk = feed(chunk)
-            resp.write(chunk)
-            if first:
-                first = False
-                on_first()
-            await resp.drain()
-    except (UpstreamTimeout, UpstreamClosed, OSError) as e:
-        return e
-    finally:
-        up.close()
-    if tail:
-        resp.write(feed(tail))
-    return None
-
-
 __all__ = ["Ctx", "LegFailed", "PdMode", "SSE_DONE", "merge_answer", "merge_usage",
-           "prefill_body", "relay"]
+           "prefill_body"]

@@ -54,8 +54,7 @@ class DecodeFirst(PdMode):
 
     def __init__(self, coord: Any) -> None:
         super().__init__(coord)
-        pd = getattr(coord.cfg, "pd", None)
-        url = getattr(pd, "metaserver_url", None)
+        url = coord.cfg.pd.metaserver_url
         if not url:
             host = coord.cfg.host
             if host in ("0.0.0.0", "::", ""):

@@ -9,7 +9,9 @@
    body with that dict verbatim as ``kv_transfer_params`` (``prompt_logprobs`` removed:
    D has no prompt hidden states, case B24) and the same ``X-Request-Id``;
 3. D's answer goes to the client (streamed as it comes), with P's
-   ``prompt_tokens_details`` and ``prompt_logprobs`` merged in.
+   ``prompt_tokens_details`` and ``prompt_logprobs`` merged in. A stream asking for
+   ``prompt_logprobs`` (> 0 or -1) gets vLLM's own 400 before any leg is sent: vLLM
+   cannot stream them, and P's would be lost (D never computes the prompt).
 """
 from __future__ import annotations
 
@@ -18,6 +20,11 @@ import time
 import orjson
 
 from motor.coordinator.routing.common import Ctx, LegFailed, PdMode, prefill_body
+from motor.protocol.openai import error_body
+
+#: vLLM's own answer (400 BadRequestError, param prompt_logprobs) to a stream that asks
+#: for prompt_logprobs > 0 or -1
+STREAM_PROMPT_LOGPROBS = "`prompt_logprobs` are not available when `stream=True`."
 
 NIXL_PULL_REQUEST = {"do_remote_decode": True, "do_remote_prefill": False,
                      "remote_engine_id": None, "remote_block_ids": None,
@@ -29,6 +36,13 @@ class PrefillFirst(PdMode):
 
     async def run(self, ctx: Ctx) -> None:
         body = ctx.body
+        plp = body.get("prompt_logprobs")
+        if ctx.stream and isinstance(plp, int) and not isinstance(plp, bool) \
+                and (plp > 0 or plp == -1):
+            # vLLM refuses these itself (protocol.py of completions and chat); without
+            # this check P would compute them and the stripped D stream would drop them
+            raise LegFailed(400, STREAM_PROMPT_LOGPROBS,
+                            error_body(400, STREAM_PROMPT_LOGPROBS, "prompt_logprobs"))
         p_body = prefill_body(body, dict(NIXL_PULL_REQUEST))
         _, p_answer = await self.prefill(ctx, orjson.dumps(p_body), set())
         ktp = p_answer.get("kv_transfer_params")
