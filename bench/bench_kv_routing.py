@@ -53,9 +53,10 @@ def wait_http(url: str, timeout_s: float = 30.0) -> None:
     raise TimeoutError(url)
 
 
-def spawn(args: list[str], log: str) -> subprocess.Popen[bytes]:
+def spawn(args: list[str], log: str, level: str = "info") -> subprocess.Popen[bytes]:
     f = open(log, "ab")
-    return subprocess.Popen([PY, "-m", "motor"] + args, stdout=f, stderr=f,
+    env = dict(os.environ, MOTOR_LOG_LEVEL=level)
+    return subprocess.Popen([PY, "-m", "motor"] + args, stdout=f, stderr=f, env=env,
                             stdin=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -71,6 +72,31 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
+_PROFILE = ("time_to_first_token_seconds", "request_queue_time_seconds",
+            "request_prefill_time_seconds", "request_prompt_tokens", "prefix_cache_queries",
+            "prefix_cache_hits", "num_preemptions")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The sim's TTFT / queue / prefill histograms (sum, count) and counters."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith("vllm:"):
+            continue
+        name, _, val = line.rpartition(" ")
+        base = name.split("{", 1)[0][5:]
+        for m in _PROFILE:
+            if base in (m + "_sum", m + "_count", m + "_total"):
+                out[base] = out.get(base, 0.0) + float(val)
+    with urllib.request.urlopen(url + "/admin/stats", timeout=5) as r:
+        st = json.load(r)
+    out["steps"] = float(st["steps"])
+    out["requests"] = float(st["finished"])
+    return out
+
+
 def run(label: str, policy: str | None, events: bool, n_sims: int, a: argparse.Namespace,
         tmp: str, sim_extra: list[str]) -> dict:
     procs: list[subprocess.Popen[bytes]] = []
@@ -80,7 +106,11 @@ def run(label: str, policy: str | None, events: bool, n_sims: int, a: argparse.N
             port, kport = free_port(), free_port()
             procs.append(spawn(["sim", "--port", str(port), "--enable-prompt-tokens-details",
                                 "--kv-events-endpoint", f"tcp://127.0.0.1:{kport}",
-                                "--time-scale", str(a.time_scale), "--seed", str(i)] + sim_extra,
+                                "--time-scale", str(a.time_scale), "--seed", str(i),
+                                "--step-fixed-ms", str(a.step_fixed_ms),
+                                "--prefill-token-us", str(a.prefill_token_us),
+                                "--decode-token-us", str(a.decode_token_us),
+                                "--max-model-len", str(a.max_model_len)] + sim_extra,
                                f"{tmp}/{label}-sim{i}.log"))
             urls.append(f"http://127.0.0.1:{port}")
             kv.append(f"http://127.0.0.1:{port}=tcp://127.0.0.1:{kport}")
@@ -90,10 +120,12 @@ def run(label: str, policy: str | None, events: bool, n_sims: int, a: argparse.N
         if policy is not None:
             cport = free_port()
             args = ["coordinator", "--port", str(cport), "--policy", policy, "--backend", *urls]
+            if a.coordinator_config:
+                args += ["-c", a.coordinator_config]
             if events:
                 for k in kv:
                     args += ["--kv-events", k]
-            procs.append(spawn(args, f"{tmp}/{label}-coord.log"))
+            procs.append(spawn(args, f"{tmp}/{label}-coord.log", a.coordinator_log_level))
             target = f"http://127.0.0.1:{cport}"
             wait_http(target + "/readiness")
             time.sleep(1.0)  # ZMQ slow joiner: subscriptions settle before traffic
@@ -106,7 +138,9 @@ def run(label: str, policy: str | None, events: bool, n_sims: int, a: argparse.N
                         "--concurrency", str(a.concurrency), "--seed", "1", "--json", out],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(out) as f:
-            return json.load(f)
+            res = json.load(f)
+        res["engines"] = [scrape(u) for u in urls]
+        return res
     finally:
         stop_all(procs)
 
@@ -116,21 +150,42 @@ def main() -> int:
     p.add_argument("--conversations", type=int, default=32)
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--prefix-len", type=int, default=2048)
-    p.add_argument("--groups", type=int, default=4, help="distinct system prompts")
+    p.add_argument("--groups", type=int, default=8,
+                   help="distinct system prompts (conversation c uses prompt c %% groups: "
+                        "8 = one per group of 4 conversations)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--num-gpu-blocks", type=int, default=8192)
+    p.add_argument("--only", default="", help="comma list of kv_affinity-ev, kv_affinity "
+                   "(approximate) to run besides the oracle and round_robin")
+    p.add_argument("--coordinator-config", default="",
+                   help="cluster config file whose coordinator section (e.g. coordinator.kv "
+                        "weights) the coordinator uses")
+    p.add_argument("--coordinator-log-level", default="info",
+                   help="debug logs every kv_affinity decision with its terms")
+    p.add_argument("--max-model-len", type=int, default=8192)
+    # timing model of an 8B dense model in bf16 on one H100 (docs/benchmarks.md):
+    # decode step ~6 ms (16 GB of weights at ~3 TB/s + overhead), prefill ~27k tokens/s
+    # (37 us/token: 16 GFLOP/token at ~45 % of 990 TFLOPS), ~0.1 ms per decoding sequence
+    # (its ~3k-token KV, 128 KiB/token)
+    p.add_argument("--step-fixed-ms", type=float, default=6.0)
+    p.add_argument("--prefill-token-us", type=float, default=37.0)
+    p.add_argument("--decode-token-us", type=float, default=100.0)
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="motor-kvbench-")
     blocks = ["--num-gpu-blocks", str(a.num_gpu_blocks)]
     rows = []
+    only = set(a.only.split(",")) if a.only else None
     for label, policy, events, n, extra in (
             ("oracle (1 sim, unbounded cache)", None, False, 1, ["--num-gpu-blocks", "1000000"]),
             ("round_robin", "round_robin", False, 4, blocks),
             ("kv_affinity (KV events)", "kv_affinity", True, 4, blocks),
             ("kv_affinity (approximate)", "kv_affinity", False, 4, blocks)):
+        if only is not None and label.split()[0] + ("-ev" if events else "") not in only \
+                and label.split()[0] != "oracle" and label.split()[0] != "round_robin":
+            continue
         r = run(label.split()[0] + ("-ev" if events else ""), policy, events, n, a, tmp, extra)
         rows.append((label, r))
         print(f"done: {label}", file=sys.stderr)
@@ -138,7 +193,9 @@ def main() -> int:
     rr_ttft = rows[1][1]["metrics"]["TTFT"]["average"]
     print(f"\n{a.conversations} conversations x {a.turns} turns, {a.groups} system prompts of "
           f"{a.prefix_len} tokens, input {a.input_len}, output {a.output_len}, concurrency "
-          f"{a.concurrency}, 4 sims x {a.num_gpu_blocks} blocks of 16 tokens\n")
+          f"{a.concurrency}, 4 sims x {a.num_gpu_blocks} blocks of 16 tokens, max-model-len "
+          f"{a.max_model_len}, step {a.step_fixed_ms} ms + {a.prefill_token_us} us/prefill token "
+          f"+ {a.decode_token_us} us/decoding sequence\n")
     print("| policy | cached-token share | of oracle | mean TTFT (ms) | P90 TTFT (ms) | "
           "TTFT vs round_robin | mean E2EL (ms) | failed |")
     print("|---|---|---|---|---|---|---|---|")
@@ -151,6 +208,31 @@ def main() -> int:
         print(f"| {label} | {100 * share:.1f} % | {100 * share / oracle if oracle else 0:.0f} % | "
               f"{ttft['average']:.1f} | {ttft['p90']:.1f} | {speed} | {e2e['average']:.1f} | "
               f"{s['requests_failed']} |")
+    print("\nProfile (engine side, summed over the sims): TTFT at the engine = queue (arrival "
+          "-> first scheduled) + prefill (first scheduled -> first token); client TTFT - "
+          "engine TTFT = coordinator + HTTP.\n")
+    print("| policy | client TTFT (ms) | engine TTFT (ms) | queue (ms) | prefill (ms) | "
+          "coordinator + HTTP (ms) | uncached prompt tokens / request | requests per sim | "
+          "steps |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, r in rows:
+        es = r["engines"]
+
+        def tot(k: str) -> float:
+            return sum(e.get(k, 0.0) for e in es)
+
+        def mean_ms(m: str) -> float:
+            n = tot(m + "_count")
+            return 1e3 * tot(m + "_sum") / n if n else 0.0
+        ttft_c = r["metrics"]["TTFT"]["average"]
+        ttft_e = mean_ms("time_to_first_token_seconds")
+        n = tot("request_prompt_tokens_count") or 1.0
+        unc = (tot("prefix_cache_queries_total") - tot("prefix_cache_hits_total")) / n
+        per = "/".join(str(int(e.get("requests", 0))) for e in es)
+        print(f"| {label} | {ttft_c:.1f} | {ttft_e:.1f} | "
+              f"{mean_ms('request_queue_time_seconds'):.1f} | "
+              f"{mean_ms('request_prefill_time_seconds'):.1f} | {ttft_c - ttft_e:.1f} | "
+              f"{unc:.0f} | {per} | {int(tot('steps'))} |")
     print(f"\nlogs and JSON: {tmp}")
     return 0
 
