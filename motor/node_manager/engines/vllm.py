@@ -28,6 +28,7 @@ from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, end
                                         engine_flags, flag_key, instance_id, launcher,
                                         process_name)
 from motor.protocol.instances import KvTransfer
+from motor.protocol.kv_events import subscriber_address
 
 DEFAULT_LAUNCHER = ["vllm", "serve"]
 DEFAULT_CONNECTOR = "NixlConnector"
@@ -127,14 +128,19 @@ def kv_transfer_info(engine: EngineConfig, iid: str) -> KvTransfer | None:
 
 
 def kv_events_address(engine: EngineConfig) -> str | None:
-    """Where a subscriber reaches the KV-event publisher of rank 0 (from ``kv_events_config``)."""
+    """The subscriber address (``[bind:]ENDPOINT[;replay=ENDPOINT]``, see
+    :func:`motor.protocol.kv_events.subscriber_address`) of the KV-event publisher of
+    rank 0, from ``kv_events_config``: vLLM binds ``tcp://*:P`` / ipc endpoints (motor
+    connects, wildcard replaced by the engine host) and connects to an explicit host
+    (motor binds: ``bind:``)."""
     cfg = _json_value(user_value(engine, "kv-events-config"))
-    if not isinstance(cfg, dict) or not cfg.get("endpoint"):
+    if not isinstance(cfg, dict):
         return None
-    ep = str(cfg["endpoint"])
-    for wild in ("*", "0.0.0.0", "[::]"):
-        ep = ep.replace(f"//{wild}:", f"//{engine.host}:")
-    return ep
+    if not cfg.get("enable_kv_cache_events") or (cfg.get("publisher") or "zmq") != "zmq":
+        return None
+    ep = str(cfg.get("endpoint") or "tcp://*:5557")   # vLLM's default endpoint
+    replay = cfg.get("replay_endpoint")
+    return str(subscriber_address("vllm", ep, engine.host, str(replay) if replay else None))
 
 
 BACKEND = VllmBackend()

@@ -106,3 +106,28 @@ def test_bind_connect_direction_per_engine_and_endpoint_form() -> None:
     assert subscriber_address("sglang", "tcp://0.0.0.0:5557", "h") == \
         KvEventsAddress("tcp://h:5557", False, None)
     assert subscriber_address("sim", "tcp://127.0.0.1:5557", "h").bind is False
+
+
+@pytest.mark.parametrize("kv_cfg, expected", [
+    # vLLM binds a wildcard host: motor connects to the engine's host
+    ({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557"},
+     "tcp://10.0.0.5:5557"),
+    # vLLM connects to an explicit host: motor binds there
+    ({"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:5600",
+      "replay_endpoint": "tcp://*:5601"},
+     "bind:tcp://127.0.0.1:5600;replay=tcp://10.0.0.5:5601"),
+    ({"enable_kv_cache_events": True}, "tcp://10.0.0.5:5557"),          # vLLM's default endpoint
+    ({"enable_kv_cache_events": True, "endpoint": "ipc:///tmp/kv"}, "ipc:///tmp/kv"),
+    ({"enable_kv_cache_events": False, "endpoint": "tcp://*:5557"}, None),
+    ({"enable_kv_cache_events": True, "publisher": "null"}, None),
+])
+def test_vllm_node_manager_registers_the_subscriber_address(kv_cfg: dict, expected: str | None) -> None:
+    from motor.config.schema import EngineConfig, NodeConfig
+    from motor.node_manager.engines import plan_node
+    (plan,) = plan_node(NodeConfig(name="n", engines=[EngineConfig(
+        name="e", kind="vllm", model="/m", base_port=9000, host="10.0.0.5",
+        engine_config={"kv-events-config": kv_cfg})]))
+    assert plan.kv_events == expected
+    if expected is not None:
+        addr = KvEventsAddress.parse(expected)
+        assert addr.bind == expected.startswith("bind:")
