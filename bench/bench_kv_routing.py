@@ -54,7 +54,7 @@ def wait_http(url: str, timeout_s: float = 30.0) -> None:
 
 
 def spawn(args: list[str], log: str, level: str = "info") -> subprocess.Popen[bytes]:
-    f = open(log, "ab")
+    f = open(log, "ab")  # noqa: SIM115 (the child keeps it)
     env = dict(os.environ, MOTOR_LOG_LEVEL=level)
     return subprocess.Popen([PY, "-m", "motor"] + args, stdout=f, stderr=f, env=env,
                             stdin=subprocess.DEVNULL, start_new_session=True)
@@ -218,12 +218,12 @@ def main() -> int:
     for label, r in rows:
         es = r["engines"]
 
-        def tot(k: str) -> float:
+        def tot(k: str, es: list[dict] = es) -> float:
             return sum(e.get(k, 0.0) for e in es)
 
-        def mean_ms(m: str) -> float:
-            n = tot(m + "_count")
-            return 1e3 * tot(m + "_sum") / n if n else 0.0
+        def mean_ms(m: str, es: list[dict] = es) -> float:
+            n = tot(m + "_count", es)
+            return 1e3 * tot(m + "_sum", es) / n if n else 0.0
         ttft_c = r["metrics"]["TTFT"]["average"]
         ttft_e = mean_ms("time_to_first_token_seconds")
         n = tot("request_prompt_tokens_count") or 1.0

@@ -6,8 +6,17 @@ import pytest
 
 from motor.errors import WireError
 from motor.protocol.kv_events import (
-    AllBlocksCleared, BlockRemoved, BlockStored, KvEventsAddress, UnknownEvent, decode_batch,
-    split_message, split_replay, subscriber_address, tier_of_medium)
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEventsAddress,
+    UnknownEvent,
+    decode_batch,
+    split_message,
+    split_replay,
+    subscriber_address,
+    tier_of_medium,
+)
 
 # the real vLLM 0.32 output of ../shared/real-engine/README.md section 4 (token ids shortened)
 VLLM_MAP = [1.5, [
