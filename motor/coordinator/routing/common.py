@@ -473,7 +473,8 @@ def merge_answer(data: bytes, p_answer: dict[str, Any]) -> bytes:
     """A whole decode answer with the prefill's usage details and prompt logprobs."""
     p_usage = p_answer.get("usage")
     p_logprobs = p_answer.get("prompt_logprobs")
-    p_choices = p_answer.get("choices") if isinstance(p_answer.get("choices"), list) else []
+    pc = p_answer.get("choices")
+    p_choices: list[Any] = pc if isinstance(pc, list) else []
     has_choice_lp = any(isinstance(c, dict) and c.get("prompt_logprobs") is not None
                         for c in p_choices)
     if not isinstance((p_usage or {}).get("prompt_tokens_details"), dict) \

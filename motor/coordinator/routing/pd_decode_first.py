@@ -89,7 +89,8 @@ class DecodeFirst(PdMode):
                                                         retry=True))
         fails = [p.failed for p in pend.values()]
         try:
-            done, _ = await asyncio.wait({d_task, *fails}, return_when=asyncio.FIRST_COMPLETED)
+            waiters: set[asyncio.Future[Any]] = {d_task, *fails}
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             if d_task not in done:
                 d_task.cancel()
                 await asyncio.gather(d_task, return_exceptions=True)
