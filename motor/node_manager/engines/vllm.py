@@ -15,7 +15,7 @@ argv of instance ``i``, rank ``r``::
 
 The bracketed tail is motor's defaults: each is left out when ``engine_config`` sets that key
 in either spelling (``kv_transfer_config`` names the connector; the whole dict is the user's).
-``launcher`` replaces ``vllm serve`` (e.g. ``[python, -m, vllm.entrypoints.openai.api_server]``
+``launcher`` replaces ``vllm serve`` (e.g. ``[python, -m, vllm.entrypoints.launchers.api_server.entry]``
 for the CPU build). Env: ``ASCEND_RT_VISIBLE_DEVICES`` = the rank's contiguous block of
 ``tp_size`` devices (``(i*dp_size + r)*tp_size ...``) unless the engine's ``env`` sets it.
 """
