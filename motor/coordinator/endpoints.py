@@ -26,6 +26,7 @@ import orjson
 from motor.config.schema import BreakerConfig, EngineKind, Role
 from motor.coordinator import metrics
 from motor.coordinator.breaker import CLOSED, HALF_OPEN, Breaker
+from motor.coordinator.loadtable import LoadCell
 from motor.http.client import Client, Pool
 from motor.protocol.instances import InstanceState, InstanceTable
 
@@ -38,7 +39,7 @@ class EndpointState:
     __slots__ = ("key", "instance_id", "model", "models", "role", "engine", "host", "port",
                  "dp_rank", "url", "ready", "breaker", "inflight",
                  "inflight_tokens", "inflight_prefill_tokens", "inflight_decode_tokens", "pool",
-                 "kv_events", "bootstrap_port", "waiting", "_gauge")
+                 "kv_events", "bootstrap_port", "waiting", "_gauge", "shared")
 
     def __init__(self, instance_id: str, model: str | None, role: Role, host: str, port: int,
                  dp_rank: int, pool: Pool, engine: EngineKind | None = None,
@@ -59,6 +60,9 @@ class EndpointState:
         self.inflight_tokens = 0
         self.inflight_prefill_tokens = 0  # uncached prompt tokens (as the policy estimated)
         self.inflight_decode_tokens = 0   # max_tokens of the requests in flight
+        # workers > 1: this worker's cell of the shared load table (policies read the
+        # column sums over all workers, motor.coordinator.loadtable); None with one worker
+        self.shared: LoadCell | None = None
         self.pool = pool
         self.kv_events = kv_events
         self.bootstrap_port = bootstrap_port
@@ -85,6 +89,8 @@ class EndpointState:
         self.inflight_tokens += tokens
         self.inflight_prefill_tokens += prefill_tokens
         self.inflight_decode_tokens += decode_tokens
+        if self.shared is not None:
+            self.shared.acquire(tokens, prefill_tokens, decode_tokens)
         self._gauge.inc()
         if self.breaker.state != CLOSED:
             self.breaker.on_pick(time.monotonic())
@@ -94,6 +100,8 @@ class EndpointState:
         self.inflight_tokens -= tokens
         self.inflight_prefill_tokens -= prefill_tokens
         self.inflight_decode_tokens -= decode_tokens
+        if self.shared is not None:
+            self.shared.release(tokens, prefill_tokens, decode_tokens)
         self._gauge.dec()
         if self.breaker.state == HALF_OPEN:
             self.breaker.probe_done()

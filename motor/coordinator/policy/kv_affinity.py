@@ -38,6 +38,7 @@ import numpy as np
 from motor._fast.scoring import pick as score_pick
 from motor.coordinator import metrics
 from motor.coordinator.kv.router import KvRouter
+from motor.coordinator.loadtable import load_columns
 from motor.coordinator.policy.base import Policy, RequestInfo
 
 if TYPE_CHECKING:
@@ -79,9 +80,7 @@ class KvAffinity(Policy):
         if hashes is not None and len(hashes):
             ov = r.match(hashes, request.model)
             overlap[:] = ov[[r.slot(e.key) for e in cands]]
-        prefill = np.fromiter((e.inflight_prefill_tokens for e in cands), np.float64, k)
-        decode = np.fromiter((e.inflight_decode_tokens for e in cands), np.float64, k)
-        queue = np.fromiter((e.inflight for e in cands), np.float64, k)
+        prefill, decode, queue = load_columns(cands)  # all workers' load when workers > 1
         guard = c.load_guard
         if guard > 0:
             loads = (c.prefill_weight * prefill + c.decode_weight * decode

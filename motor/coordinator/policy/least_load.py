@@ -2,7 +2,8 @@
 
 Optimises: queueing delay when requests differ in size. Inputs per endpoint:
 in-flight requests and in-flight tokens (prompt + max_tokens of requests this
-coordinator has in flight there). Cost = in-flight tokens + ``request_weight_tokens``
+coordinator has in flight there, summed over all workers when ``coordinator.workers``
+> 1, :mod:`motor.coordinator.loadtable`). Cost = in-flight tokens + ``request_weight_tokens``
 x in-flight requests. Settings: ``request_weight_tokens`` (default 256 tokens: a
 request costs at least this much). Tie-break: rotation, so equal loads spread
 like round robin.
@@ -38,7 +39,12 @@ class LeastLoad(Policy):
             ep = candidates[(start + i) % n]
             if exclude and ep in exclude:
                 continue
-            cost = ep.inflight_tokens + w * ep.inflight
+            sh = ep.shared
+            if sh is None:
+                cost = ep.inflight_tokens + w * ep.inflight
+            else:  # workers > 1: summed over all workers' rows of the shared load table
+                n_req, tokens, _, _ = sh.totals()
+                cost = tokens + w * n_req
             if best is None or cost < best_cost:
                 best, best_cost = ep, cost
         return best if best is not None else candidates[start % n]

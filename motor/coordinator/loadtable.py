@@ -1,0 +1,334 @@
+"""The shared-memory load table of a multi-worker coordinator (``coordinator.workers > 1``).
+
+One segment ``/dev/shm/<name>`` (plain ``mmap`` of a file there, no resource tracker),
+created by the supervisor, attached by every worker and by the feed::
+
+    header   uint64[8]                         magic, n_workers, n_slots, layout version
+    gen      uint64[n_slots]                   generation of each instance slot (feed writes)
+    row_gen  uint64[n_workers, n_slots]        generation each worker's cell counts for
+    load     int64[n_workers, n_slots, 4]      in-flight requests, in-flight tokens
+                                               (prompt + max_tokens), prefill tokens, decode tokens
+    eng_seq  uint64[n_slots]                   seqlock of the engine figures (feed writes)
+    engine   float64[n_slots, 4]               waiting, running, KV cache usage (0..1),
+                                               scrape time (unix seconds; 0: never scraped)
+
+Writers, no locks:
+
+* worker ``w`` writes only row ``w`` of ``row_gen`` and ``load`` (single writer per cell);
+* the feed is the one authority on instance slots: it assigns a slot to an endpoint key
+  and bumps ``gen[slot]`` when the endpoint leaves, before the slot is reused;
+* the feed writes the engine figures of a slot between two increments of
+  ``eng_seq[slot]`` (odd while writing); readers retry until they read the same even
+  value before and after.
+
+Slot recycling: a worker's :class:`LoadCell` is bound to ``(slot, gen)``. Crediting a
+cell whose ``row_gen`` differs first resets it to the new generation, and a release
+whose generation is no longer the row's does nothing, so counts of an instance that left
+never land on the instance that reused its slot. Readers sum a slot's column over the
+workers whose ``row_gen`` equals the generation they ask for.
+
+A worker that died is replaced with its row reset (:meth:`LoadTable.reset_row`, called by
+the supervisor before the new worker starts): the dead worker's in-flight load is gone
+with it.
+
+With one worker (the default) there is no table: endpoints keep plain per-process
+counters (:class:`motor.coordinator.endpoints.EndpointState`), and
+:func:`load_columns` reads those.
+
+Memory ordering: the writers and readers are different processes on one machine; the
+cells are aligned 64-bit words, written whole (no torn values on x86-64 and arm64), and a
+reader sums whatever values are current, which is what a load estimate needs. The
+seqlock relies on the stores being seen in program order (x86-64 TSO); on weaker memory
+models a torn engine-figure read is bounded to one scrape's worth of staleness.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from motor.coordinator.endpoints import EndpointState
+
+MAGIC = 0x6D6F746F726C6474  # "motorldt"
+LAYOUT_VERSION = 1
+HEADER_WORDS = 8
+#: load columns
+INFLIGHT, TOKENS, PREFILL, DECODE = 0, 1, 2, 3
+N_LOAD = 4
+#: engine-figure columns
+WAITING, RUNNING, KV_USAGE, SCRAPED_AT = 0, 1, 2, 3
+N_ENGINE = 4
+
+
+def _size(n_workers: int, n_slots: int) -> int:
+    words = (HEADER_WORDS + n_slots + n_workers * n_slots + n_workers * n_slots * N_LOAD
+             + n_slots + n_slots * N_ENGINE)
+    return 8 * words
+
+
+class LoadTable:
+    """The mapped segment; build with :meth:`create` (supervisor) or :meth:`attach`.
+
+    Parameters
+    ----------
+    name : str
+        Segment name (a file in ``/dev/shm``), without a slash.
+    """
+
+    def __init__(self, name: str, mm: mmap.mmap, owner: bool) -> None:
+        self.name = name
+        self.owner = owner
+        self._mm = mm
+        hdr = np.frombuffer(mm, np.uint64, HEADER_WORDS, 0)
+        if int(hdr[0]) != MAGIC or int(hdr[3]) != LAYOUT_VERSION:
+            raise ValueError(f"/dev/shm/{name} is not a motor load table (layout "
+                             f"{LAYOUT_VERSION}), got magic {int(hdr[0]):#x} "
+                             f"version {int(hdr[3])}")
+        self.n_workers = nw = int(hdr[1])
+        self.n_slots = ns = int(hdr[2])
+        off = 8 * HEADER_WORDS
+        self.gen = np.frombuffer(mm, np.uint64, ns, off)
+        off += 8 * ns
+        self.row_gen = np.frombuffer(mm, np.uint64, nw * ns, off).reshape(nw, ns)
+        off += 8 * nw * ns
+        self.load = np.frombuffer(mm, np.int64, nw * ns * N_LOAD, off).reshape(nw, ns, N_LOAD)
+        off += 8 * nw * ns * N_LOAD
+        self.eng_seq = np.frombuffer(mm, np.uint64, ns, off)
+        off += 8 * ns
+        self.engine = np.frombuffer(mm, np.float64, ns * N_ENGINE, off).reshape(ns, N_ENGINE)
+        # flat memoryviews: scalar access without numpy's per-item overhead (hot path)
+        self._gen_mv = memoryview(mm)[8 * HEADER_WORDS:8 * (HEADER_WORDS + ns)].cast("Q")
+        base = 8 * (HEADER_WORDS + ns)
+        self._row_gen_mv = memoryview(mm)[base:base + 8 * nw * ns].cast("Q")
+        base += 8 * nw * ns
+        self._load_mv = memoryview(mm)[base:base + 8 * nw * ns * N_LOAD].cast("q")
+
+    # -- lifecycle ------------------------------------------------------------------
+    @staticmethod
+    def _path(name: str) -> str:
+        if not name or "/" in name:
+            raise ValueError(f"load table name is expected without '/', got {name!r}")
+        return f"/dev/shm/{name}"
+
+    @classmethod
+    def create(cls, name: str, n_workers: int, n_slots: int = 256) -> LoadTable:
+        """A new zeroed table (every slot at generation 1); fails if ``name`` exists.
+
+        Raises
+        ------
+        FileExistsError
+            when ``/dev/shm/<name>`` exists.
+        """
+        if n_workers < 1 or n_slots < 1:
+            raise ValueError(f"n_workers and n_slots are expected >= 1, got "
+                             f"{n_workers}, {n_slots}")
+        path = cls._path(name)
+        size = _size(n_workers, n_slots)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        hdr = np.frombuffer(mm, np.uint64, HEADER_WORDS, 0)
+        hdr[1], hdr[2], hdr[3] = n_workers, n_slots, LAYOUT_VERSION
+        hdr[0] = MAGIC
+        t = cls(name, mm, True)
+        t.gen[:] = 1
+        return t
+
+    @classmethod
+    def attach(cls, name: str) -> LoadTable:
+        """Map an existing table.
+
+        Raises
+        ------
+        FileNotFoundError
+            when ``/dev/shm/<name>`` does not exist.
+        ValueError
+            when it is not a load table.
+        """
+        fd = os.open(cls._path(name), os.O_RDWR)
+        try:
+            mm = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        return cls(name, mm, False)
+
+    def close(self) -> None:
+        """Unmap (the arrays of this object are unusable afterwards)."""
+        if self._mm.closed:
+            return
+        for a in ("gen", "row_gen", "load", "eng_seq", "engine"):
+            setattr(self, a, None)
+        for mv in (self._gen_mv, self._row_gen_mv, self._load_mv):
+            mv.release()
+        try:
+            self._mm.close()
+        except BufferError:  # a view is still exported somewhere: leave it to the GC
+            pass
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self._path(self.name))
+        except FileNotFoundError:
+            pass
+
+    # -- slots (feed) ---------------------------------------------------------------
+    def slot_gen(self, slot: int) -> int:
+        return int(self._gen_mv[slot])
+
+    def retire(self, slot: int) -> int:
+        """The instance of ``slot`` left: bump its generation (its cells stop counting) and
+        clear its engine figures; returns the new generation."""
+        g = self._gen_mv[slot] + 1
+        self._gen_mv[slot] = g
+        self.write_engine(slot, 0.0, 0.0, 0.0, 0.0)
+        return g
+
+    # -- rows (supervisor / workers) -------------------------------------------------
+    def reset_row(self, worker: int) -> None:
+        """Forget everything worker ``worker`` counted (it died; call before its successor
+        starts, so there is a single writer)."""
+        self.load[worker] = 0
+        self.row_gen[worker] = 0
+
+    def cell(self, worker: int, slot: int, gen: int) -> LoadCell:
+        return LoadCell(self, worker, slot, gen)
+
+    # -- reads -------------------------------------------------------------------------
+    def totals(self, slot: int, gen: int) -> tuple[int, int, int, int]:
+        """(in-flight requests, tokens, prefill tokens, decode tokens) of ``slot`` at
+        generation ``gen``, summed over workers."""
+        rg = self._row_gen_mv
+        ld = self._load_mv
+        ns = self.n_slots
+        n = t = p = d = 0
+        for w in range(self.n_workers):
+            if rg[w * ns + slot] == gen:
+                b = (w * ns + slot) * N_LOAD
+                n += ld[b]
+                t += ld[b + 1]
+                p += ld[b + 2]
+                d += ld[b + 3]
+        return n, t, p, d
+
+    def columns(self, slots: npt.NDArray[np.intp], gens: npt.NDArray[np.uint64]
+                ) -> npt.NDArray[np.int64]:
+        """int64[len(slots), 4]: :meth:`totals` of many slots at once."""
+        mask = self.row_gen[:, slots] == gens[None, :]
+        return (self.load[:, slots, :] * mask[:, :, None]).sum(axis=0)
+
+    def write_engine(self, slot: int, waiting: float, running: float, kv_usage: float,
+                     scraped_at: float) -> None:
+        """Engine figures of ``slot`` (feed only: one writer)."""
+        seq = self.eng_seq
+        seq[slot] += 1
+        self.engine[slot] = (waiting, running, kv_usage, scraped_at)
+        seq[slot] += 1
+
+    def read_engine(self, slot: int) -> tuple[float, float, float, float]:
+        """(waiting, running, KV usage, scrape time) of ``slot``, consistent (seqlock)."""
+        seq = self.eng_seq
+        while True:
+            s1 = int(seq[slot])
+            if s1 & 1:
+                continue
+            w, r, k, t = self.engine[slot].tolist()
+            if int(seq[slot]) == s1:
+                return w, r, k, t
+
+
+class LoadCell:
+    """Worker ``worker``'s cell of one endpoint (slot at generation ``gen``)."""
+
+    __slots__ = ("_b", "_ld", "_rg", "_ri", "gen", "slot", "table", "worker")
+
+    def __init__(self, table: LoadTable, worker: int, slot: int, gen: int) -> None:
+        if not 0 <= worker < table.n_workers or not 0 <= slot < table.n_slots or gen < 1:
+            raise ValueError(f"load cell out of range: worker {worker} of {table.n_workers}, "
+                             f"slot {slot} of {table.n_slots}, generation {gen}")
+        self.table = table
+        self.worker = worker
+        self.slot = slot
+        self.gen = gen
+        self._rg = table._row_gen_mv
+        self._ld = table._load_mv
+        self._ri = worker * table.n_slots + slot
+        self._b = self._ri * N_LOAD
+
+    def acquire(self, tokens: int, prefill_tokens: int, decode_tokens: int) -> None:
+        ld = self._ld
+        b = self._b
+        if self._rg[self._ri] != self.gen:
+            # first credit of this generation here (or the slot was reused): start at 0
+            ld[b] = ld[b + 1] = ld[b + 2] = ld[b + 3] = 0
+            self._rg[self._ri] = self.gen
+        ld[b] += 1
+        ld[b + 1] += tokens
+        ld[b + 2] += prefill_tokens
+        ld[b + 3] += decode_tokens
+
+    def release(self, tokens: int, prefill_tokens: int, decode_tokens: int) -> None:
+        if self._rg[self._ri] != self.gen:
+            return  # the row was reset or the slot reused since: nothing of ours left there
+        ld = self._ld
+        b = self._b
+        ld[b] -= 1
+        ld[b + 1] -= tokens
+        ld[b + 2] -= prefill_tokens
+        ld[b + 3] -= decode_tokens
+
+    def totals(self) -> tuple[int, int, int, int]:
+        """Summed over all workers (see :meth:`LoadTable.totals`)."""
+        return self.table.totals(self.slot, self.gen)
+
+    def mine(self) -> tuple[int, int, int, int]:
+        """This worker's own counts."""
+        if self._rg[self._ri] != self.gen:
+            return 0, 0, 0, 0
+        ld = self._ld
+        b = self._b
+        return ld[b], ld[b + 1], ld[b + 2], ld[b + 3]
+
+
+def load_columns(cands: Sequence[EndpointState]
+                 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64],
+                            npt.NDArray[np.float64]]:
+    """(prefill tokens, decode tokens, requests) in flight per candidate, float64 arrays:
+    summed over all workers when the endpoints have shared cells, this process's counters
+    otherwise."""
+    k = len(cands)
+    c0 = getattr(cands[0], "shared", None) if k else None
+    if c0 is None or any(getattr(e, "shared", None) is None for e in cands):
+        return (np.fromiter((e.inflight_prefill_tokens for e in cands), np.float64, k),
+                np.fromiter((e.inflight_decode_tokens for e in cands), np.float64, k),
+                np.fromiter((e.inflight for e in cands), np.float64, k))
+    table = c0.table
+    slots = np.fromiter((e.shared.slot for e in cands), np.intp, k)  # type: ignore[union-attr]
+    gens = np.fromiter((e.shared.gen for e in cands), np.uint64, k)  # type: ignore[union-attr]
+    cols = table.columns(slots, gens).astype(np.float64)
+    return cols[:, PREFILL], cols[:, DECODE], cols[:, INFLIGHT]
+
+
+__all__ = [
+    "DECODE",
+    "INFLIGHT",
+    "KV_USAGE",
+    "PREFILL",
+    "RUNNING",
+    "SCRAPED_AT",
+    "TOKENS",
+    "WAITING",
+    "LoadCell",
+    "LoadTable",
+    "load_columns",
+]

@@ -1,0 +1,172 @@
+"""The shared-memory load table: one writer per row, column sums, slot generations,
+row reset, engine figures under a seqlock."""
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from motor.config.schema import Role
+from motor.coordinator.endpoints import EndpointState
+from motor.coordinator.loadtable import LoadTable, load_columns
+from motor.http.client import Client
+
+
+@pytest.fixture
+def table():
+    t = LoadTable.create(f"motor-test-lt-{uuid.uuid4().hex[:12]}", n_workers=3, n_slots=8)
+    try:
+        yield t
+    finally:
+        t.close()
+        t.unlink()
+
+
+def test_create_attach_and_unlink(table):
+    other = LoadTable.attach(table.name)
+    try:
+        assert (other.n_workers, other.n_slots) == (3, 8)
+        table.cell(1, 2, 1).acquire(10, 4, 6)
+        assert other.totals(2, 1) == (1, 10, 4, 6)  # same memory, another mapping
+    finally:
+        other.close()
+    with pytest.raises(FileExistsError):
+        LoadTable.create(table.name, 1, 1)
+    with pytest.raises(ValueError, match="without '/'"):
+        LoadTable.attach("a/b")
+
+
+def test_rows_sum_and_releases_return_to_zero(table):
+    cells = [table.cell(w, 5, 1) for w in range(3)]
+    for w, c in enumerate(cells):
+        for _ in range(w + 1):
+            c.acquire(100, 30, 70)
+    assert table.totals(5, 1) == (6, 600, 180, 420)
+    assert cells[2].mine() == (3, 300, 90, 210)
+    cols = table.columns(np.array([5, 4]), np.array([1, 1], np.uint64))
+    assert cols.tolist() == [[6, 600, 180, 420], [0, 0, 0, 0]]
+    for w, c in enumerate(cells):
+        for _ in range(w + 1):
+            c.release(100, 30, 70)
+    assert table.totals(5, 1) == (0, 0, 0, 0)
+
+
+def test_recycled_slot_never_credits_the_old_instance(table):
+    old = table.cell(0, 3, table.slot_gen(3))
+    old.acquire(50, 10, 40)
+    g = table.retire(3)                    # the instance left; the feed reuses the slot
+    assert g == 2
+    assert table.totals(3, g) == (0, 0, 0, 0)   # old counts do not count for the new one
+    new = table.cell(0, 3, g)
+    new.acquire(7, 7, 0)
+    old.release(50, 10, 40)                # the old request ends after the reuse: no effect
+    assert table.totals(3, g) == (1, 7, 7, 0)
+    new.release(7, 7, 0)
+    assert table.totals(3, g) == (0, 0, 0, 0)
+
+
+def test_reset_row_clears_a_dead_workers_load(table):
+    dead, alive = table.cell(1, 0, 1), table.cell(2, 0, 1)
+    dead.acquire(10, 0, 10)
+    dead.acquire(10, 0, 10)
+    alive.acquire(5, 0, 5)
+    table.reset_row(1)
+    assert table.totals(0, 1) == (1, 5, 0, 5)
+    dead.release(10, 0, 10)                # a late release of the dead row: ignored
+    assert table.totals(0, 1) == (1, 5, 0, 5)
+
+
+def test_engine_figures_seqlock(table):
+    assert table.read_engine(4) == (0.0, 0.0, 0.0, 0.0)
+    table.write_engine(4, 3, 5, 0.25, 1234.5)
+    assert table.read_engine(4) == (3.0, 5.0, 0.25, 1234.5)
+    assert int(table.eng_seq[4]) % 2 == 0
+    table.retire(4)
+    assert table.read_engine(4) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_endpoint_state_and_policies_read_column_sums(table):
+    client = Client()
+    try:
+        a = EndpointState("a", "m", Role.UNION, "127.0.0.1", 1, 0, client.pool("127.0.0.1", 1))
+        b = EndpointState("b", "m", Role.UNION, "127.0.0.1", 2, 0, client.pool("127.0.0.1", 2))
+        a.shared, b.shared = table.cell(0, 0, 1), table.cell(0, 1, 1)
+        table.cell(1, 1, 1).acquire(1000, 600, 400)  # another worker's load on b
+        a.acquire(10, 4, 6)
+        prefill, decode, queue = load_columns([a, b])
+        assert prefill.tolist() == [4, 600] and decode.tolist() == [6, 400]
+        assert queue.tolist() == [1, 1]
+        from motor.coordinator.policy.base import RequestInfo
+        from motor.coordinator.policy.least_load import LeastLoad
+        assert LeastLoad().pick([a, b], RequestInfo("m", 1, 1)) is a
+        a.release(10, 4, 6)
+        assert a.inflight == 0 and a.shared.totals() == (0, 0, 0, 0)
+        a.shared = b.shared = None          # one worker: the plain counters
+        b.acquire(3, 1, 2)
+        assert [x.tolist() for x in load_columns([a, b])] == [[0, 1], [0, 2], [0, 1]]
+        b.release(3, 1, 2)
+    finally:
+        client.close()
+
+
+# -- property: any mix of completed / failed / cancelled requests, slot reuse and worker
+# restarts leaves every live column at exactly 0 once every request has ended ----------
+_event = st.tuples(st.sampled_from(["start", "end", "retire", "restart"]),
+                   st.integers(0, 2), st.integers(0, 3), st.integers(0, 5000),
+                   st.integers(0, 5000))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_event, max_size=120))
+def test_counters_return_to_zero_property(events):
+    t = LoadTable.create(f"motor-test-lt-{uuid.uuid4().hex[:12]}", n_workers=3, n_slots=4)
+    try:
+        live: list[tuple[object, int, int, int]] = []   # (cell, tokens, prefill, decode)
+        expect = np.zeros((4, 4), np.int64)            # what the live generation should hold
+        owner: list[int] = []                           # worker of each live request
+        for kind, w, slot, a, b in events:
+            if kind == "start":
+                cell = t.cell(w, slot, t.slot_gen(slot))
+                cell.acquire(a + b, a, b)
+                live.append((cell, a + b, a, b))
+                owner.append(w)
+                expect[slot] += (1, a + b, a, b)
+            elif kind == "end" and live:
+                # completed, failed or cancelled: the request path releases exactly once
+                i = (a * 7 + b) % len(live)
+                cell, tok, p, d = live.pop(i)
+                owner.pop(i)
+                counted = cell.gen == t.slot_gen(cell.slot) and \
+                    int(t.row_gen[cell.worker, cell.slot]) == cell.gen
+                cell.release(tok, p, d)
+                if counted:
+                    expect[cell.slot] -= (1, tok, p, d)
+            elif kind == "retire":
+                t.retire(slot)
+                expect[slot] = 0
+            elif kind == "restart":
+                # the worker's live requests die with it (never released); its row is reset
+                for i in [i for i, o in enumerate(owner) if o == w]:
+                    cell = live[i][0]
+                    if cell.gen == t.slot_gen(cell.slot) and \
+                            int(t.row_gen[w, cell.slot]) == cell.gen:
+                        expect[cell.slot] -= (1, *live[i][1:])
+                t.reset_row(w)
+                keep = [i for i, o in enumerate(owner) if o != w]
+                live = [live[i] for i in keep]
+                owner = [owner[i] for i in keep]
+            for s in range(4):
+                assert t.totals(s, t.slot_gen(s)) == tuple(expect[s].tolist())
+        while live:
+            cell, tok, p, d = live.pop()
+            cell.release(tok, p, d)
+        for s in range(4):
+            assert t.totals(s, t.slot_gen(s)) == (0, 0, 0, 0)
+    finally:
+        t.close()
+        t.unlink()
+    assert not os.path.exists(f"/dev/shm/{t.name}")
