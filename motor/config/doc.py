@@ -33,6 +33,11 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
 
 
 def _type(ann: object) -> str:
+    args = typing.get_args(ann)
+    if args and type(None) in args:  # Optional[X] -> "X or null"
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _type(inner[0]) + " \\| `null`"
     if isinstance(ann, type) and issubclass(ann, enum.Enum):
         return " \\| ".join(f"`{m.value}`" for m in ann)
     if isinstance(ann, type) and issubclass(ann, BaseModel):
