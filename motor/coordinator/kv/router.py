@@ -15,6 +15,7 @@ approximate indexes fed by routing decisions, and request keys.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Iterable
@@ -89,6 +90,7 @@ class KvRouter:
         self._out2 = np.zeros((MAX_INSTANCES, N_TIERS), np.int32)
         self._warned_tok: set[str] = set()
         self._next_gauges = 0.0
+        self._gauges_pending = False
 
     # -- metrics hooks ------------------------------------------------------------
     @staticmethod
@@ -216,11 +218,26 @@ class KvRouter:
         return sum(int(a.index.memory_bytes) for a in self.approx.values())
 
     def update_gauges(self, force: bool = False) -> None:
-        """Refresh the index-size gauges (at most every 0.5 s unless ``force``)."""
+        """Refresh the index-size gauges (at most every 0.5 s unless ``force``).
+
+        A throttled call schedules one trailing refresh on the running event loop, so
+        the gauges never stay behind the index (a burst of batches within 0.5 s used to
+        leave them at the size before the burst until the next batch came)."""
         now = time.monotonic()
         if not force and now < self._next_gauges:
+            if not self._gauges_pending:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    return   # no loop (tests, tools): the next call refreshes
+                self._gauges_pending = True
+                loop.call_later(self._next_gauges - now, self._trailing_gauges)
             return
         self._next_gauges = now + 0.5
         for kind in ("exact", "approximate"):
             metrics.KV_INDEX_BLOCKS.labels(kind).set(self.index_blocks(kind))
             metrics.KV_INDEX_BYTES.labels(kind).set(self.index_bytes(kind))
+
+    def _trailing_gauges(self) -> None:
+        self._gauges_pending = False
+        self.update_gauges(force=True)
