@@ -210,6 +210,18 @@ class PdConfig(_Strict):
                     "coordinator through another address (NAT, a load balancer)")
 
 
+class FeedConfig(_Strict):
+    """The feed process of a multi-worker coordinator (`workers` > 1), docs/coordinator.md."""
+    scrape_interval_s: float = Field(
+        1.0, ge=0, description="period of the engines' /metrics scrape (waiting, running, KV "
+                               "usage into the shared load table); 0 = no scrape")
+    ring_bytes: int = Field(4 * 1024 * 1024, ge=64 * 1024,
+                            description="capacity of each feed -> worker shared-memory ring")
+    max_backlog_records: int = Field(
+        10000, ge=16, description="records waiting for a worker's ring beyond this: the worker "
+                                  "fell behind, its backlog is replaced by a fresh snapshot")
+
+
 class CoordinatorConfig(_Strict):
     """The gateway."""
     host: str = "127.0.0.1"
@@ -231,6 +243,14 @@ class CoordinatorConfig(_Strict):
     health_failures: int = Field(3, ge=1, description="standalone: consecutive failed probes -> endpoint out")
     kv: KvRoutingConfig = Field(default_factory=KvRoutingConfig)
     pd: PdConfig = Field(default_factory=PdConfig)
+    feed: FeedConfig = Field(default_factory=FeedConfig)
+    management_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="`workers` > 1: port of the management API served by the feed process "
+                    "(/liveness, /readiness, /instances with the load summed over workers, "
+                    "/metrics aggregated); null = none (each worker still answers them on `port`)")
+    drain_timeout_s: float = Field(
+        10.0, gt=0, description="on SIGTERM: how long in-flight requests may take to finish")
 
 
 class RestartConfig(_Strict):

@@ -46,16 +46,24 @@ def parse_backend(spec: str) -> tuple[Role, str, int]:
 async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                 controller_url: str | None = None, stop: asyncio.Event | None = None,
                 ready_file: str | None = None, reuse_port: bool = False,
-                worker_index: int = 0) -> None:
-    """Run until ``stop`` is set or SIGTERM/SIGINT; then drain in-flight requests."""
+                worker_index: int = 0, shm: tuple[str, str] | None = None) -> None:
+    """Run until ``stop`` is set or SIGTERM/SIGINT; then drain in-flight requests.
+
+    ``shm``: (ring prefix, load table name) of a multi-worker coordinator: this worker
+    gets the instance table, slots and KV events from the feed process
+    (:class:`motor.coordinator.feed.WorkerLink`), counts load in its row of the shared
+    load table, and listens only once the feed's snapshot is applied.
+    """
     c = cfg.coordinator
     client = Client(max_connections_per_endpoint=c.max_connections_per_endpoint,
                     connect_timeout_s=c.timeouts.connect_s)
     table = EndpointTable(client)
     kv_feed: KvEventFeed | None = None
+    kv_router: KvRouter | None = None
     if c.policy.value == "kv_affinity":
         kv_router = KvRouter(c.kv)
-        kv_feed = KvEventFeed(kv_router, table)
+        if shm is None:
+            kv_feed = KvEventFeed(kv_router, table)
         policy = make_policy(c.policy.value, router=kv_router)
     else:
         policy = make_policy(c.policy.value)
@@ -63,16 +71,33 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     tasks: list[asyncio.Task[None]] = []
     if kv_feed is not None:
         tasks.append(asyncio.ensure_future(kv_feed.run()))
-    source: StaticBackends | ControllerWatcher
+    source: StaticBackends | ControllerWatcher | None = None
     if backends:
         table.set_static([parse_backend(b) for b in backends], c.kv.events.backends)
         source = StaticBackends(table, c.health_check_interval_s, c.health_check_timeout_s,
                                 c.health_failures)
         coord.ready_source = source.synced
-    else:
+    elif shm is None:
         source = ControllerWatcher(table, controller_url or cfg.controller.url)
         coord.ready_source = source.synced
-    tasks.append(asyncio.ensure_future(source.run()))
+    if source is not None:
+        tasks.append(asyncio.ensure_future(source.run()))
+    link = None
+    if shm is not None:
+        from motor._fast.ring import Ring
+        from motor.coordinator.feed import WorkerLink, ring_names
+        from motor.coordinator.loadtable import LoadTable
+        prefix, load_name = shm
+        load = LoadTable.attach(load_name)
+        w_ring, h_ring = ring_names(prefix, worker_index)
+        link = WorkerLink(worker_index, load, Ring.attach(w_ring), Ring.attach(h_ring), table,
+                          kv_router, static=bool(backends))
+        if source is None:
+            coord.ready_source = link.synced
+        tasks.append(asyncio.ensure_future(link.run()))
+        await link.synced.wait()   # the feed's snapshot, before the first request
+        logger.info("coordinator worker %d synced with the feed (%d slot(s))", worker_index,
+                    len(link.slots))
 
     server = HttpServer(coord.router, max_body_bytes=c.max_body_bytes)
     port = await server.listen(c.host, c.port, reuse_port=reuse_port)
@@ -93,13 +118,17 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
             pass
     await stop.wait()
     logger.info("coordinator stopping: draining %d in-flight request(s)", server.inflight)
-    await server.shutdown(drain_timeout_s=10.0)
+    await server.shutdown(drain_timeout_s=c.drain_timeout_s)
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    source.close()
+    if source is not None:
+        source.close()
     if kv_feed is not None:
         kv_feed.close()
+    if link is not None:
+        link.close()
+        link.load.close()
     client.close()
 
 
