@@ -80,8 +80,6 @@ OP_STORE, OP_REMOVE, OP_CLEAR = 1, 2, 3
 _OP = struct.Struct("<BBHIQ")
 _HINT = struct.Struct("<HH")
 _NONCE = struct.Struct("<Q")
-#: KV ops per record (a snapshot is cut into records of at most this many blocks)
-_SNAP_BLOCKS = 4096
 
 
 def ring_names(prefix: str, worker: int) -> tuple[str, str]:
@@ -117,8 +115,11 @@ class RecordingIndex:
     of a radix tree, each operation is encoded for the workers (and kept, one dict entry
     per held block, so that a snapshot can replay the current holdings)."""
 
-    def __init__(self, on_ops: Any) -> None:
+    def __init__(self, on_ops: Any, max_payload: int = 1 << 20) -> None:
         self.on_ops = on_ops
+        self.max_payload = max_payload
+        # hashes per op so that one op always fits a record
+        self.max_hashes = max(1, (max_payload - _OP.size) // 8)
         self.buf: list[bytes] = []
         # (slot, tier) -> {motor hash: parent hash}, in store order (parents first)
         self.held: dict[tuple[int, int], dict[int, int]] = {}
@@ -131,7 +132,12 @@ class RecordingIndex:
         for h in hl.tolist():
             m[h] = p
             p = h
-        self.buf.append(encode_op(OP_STORE, instance, tier, int(parent_hash), hl))
+        k = self.max_hashes
+        p = int(parent_hash)
+        for j in range(0, len(hl), k):
+            part = hl[j:j + k]
+            self.buf.append(encode_op(OP_STORE, instance, tier, p, part))
+            p = int(part[-1])
         self.on_ops()
         return len(hl)
 
@@ -140,7 +146,9 @@ class RecordingIndex:
         m = self.held.get((instance, tier), {})
         for h in hl.tolist():
             m.pop(h, None)
-        self.buf.append(encode_op(OP_REMOVE, instance, tier, 0, hl))
+        k = self.max_hashes
+        for j in range(0, len(hl), k):
+            self.buf.append(encode_op(OP_REMOVE, instance, tier, 0, hl[j:j + k]))
         self.on_ops()
         return len(hl)
 
@@ -152,38 +160,45 @@ class RecordingIndex:
         self.on_ops()
         return n
 
-    def take(self) -> bytes:
-        out = b"".join(self.buf)
+    def _pack(self, ops: list[bytes]) -> list[bytes]:
+        """Ops -> record payloads of at most ``max_payload`` bytes (ops are never split)."""
+        out: list[bytes] = []
+        cur: list[bytes] = []
+        size = 0
+        for op in ops:
+            if cur and size + len(op) > self.max_payload:
+                out.append(b"".join(cur))
+                cur, size = [], 0
+            cur.append(op)
+            size += len(op)
+        if cur:
+            out.append(b"".join(cur))
+        return out
+
+    def take(self) -> list[bytes]:
+        out = self._pack(self.buf)
         self.buf.clear()
         return out
 
     def snapshot(self) -> list[bytes]:
         """``KV`` payloads that rebuild the current holdings from an empty index: chains
         of consecutive blocks as one store each."""
-        out: list[bytes] = []
-        cur: list[bytes] = []
-        blocks = 0
+        ops: list[bytes] = []
+        k = self.max_hashes
         for (slot, tier), m in self.held.items():
             run: list[int] = []
             run_parent = 0
             for h, p in m.items():
-                if run and p == run[-1]:
+                if run and p == run[-1] and len(run) < k:
                     run.append(h)
                     continue
                 if run:
-                    cur.append(encode_op(OP_STORE, slot, tier, run_parent,
+                    ops.append(encode_op(OP_STORE, slot, tier, run_parent,
                                          np.array(run, np.uint64)))
-                    blocks += len(run)
                 run, run_parent = [h], p
-                if blocks >= _SNAP_BLOCKS:
-                    out.append(b"".join(cur))
-                    cur, blocks = [], 0
             if run:
-                cur.append(encode_op(OP_STORE, slot, tier, run_parent, np.array(run, np.uint64)))
-                blocks += len(run)
-        if cur:
-            out.append(b"".join(cur))
-        return out
+                ops.append(encode_op(OP_STORE, slot, tier, run_parent, np.array(run, np.uint64)))
+        return self._pack(ops)
 
 
 class FeedKv:
@@ -263,6 +278,9 @@ class Feed:
         self.endpoints: dict[str, SimpleNamespace] = {}
         self.ep_table = SimpleNamespace(endpoints=self.endpoints, changed=asyncio.Event())
         self.kv = FeedKv(self)
+        # a record may take at most half a ring (motor._fast.ring)
+        self.kv.index.max_payload = min(r.capacity for r, _ in rings) // 2 - 64
+        self.kv.index.max_hashes = max(1, (self.kv.index.max_payload - _OP.size) // 8)
         self.kv_feed: Any = None
         self._flush_scheduled = False
         self.wake = asyncio.Event()
@@ -317,7 +335,8 @@ class Feed:
     def flush_kv(self) -> None:
         self._flush_scheduled = False
         if self.kv.index.buf:
-            self.broadcast(KV, self.kv.index.take())
+            for p in self.kv.index.take():
+                self.broadcast(KV, p)
 
     def snapshot(self, i: int, nonce: int) -> None:
         o = self.out[i]

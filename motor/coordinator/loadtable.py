@@ -315,8 +315,8 @@ def load_columns(cands: Sequence[EndpointState]
     table = c0.table
     slots = np.fromiter((e.shared.slot for e in cands), np.intp, k)  # type: ignore[union-attr]
     gens = np.fromiter((e.shared.gen for e in cands), np.uint64, k)  # type: ignore[union-attr]
-    cols = table.columns(slots, gens).astype(np.float64)
-    return cols[:, PREFILL], cols[:, DECODE], cols[:, INFLIGHT]
+    cols = np.ascontiguousarray(table.columns(slots, gens).T, np.float64)
+    return cols[PREFILL], cols[DECODE], cols[INFLIGHT]
 
 
 __all__ = [

@@ -100,6 +100,7 @@ def test_endpoint_state_and_policies_read_column_sums(table):
         prefill, decode, queue = load_columns([a, b])
         assert prefill.tolist() == [4, 600] and decode.tolist() == [6, 400]
         assert queue.tolist() == [1, 1]
+        assert all(x.flags.c_contiguous for x in (prefill, decode, queue))  # _fast.scoring
         from motor.coordinator.policy.base import RequestInfo
         from motor.coordinator.policy.least_load import LeastLoad
         assert LeastLoad().pick([a, b], RequestInfo("m", 1, 1)) is a

@@ -1,0 +1,211 @@
+"""The feed and the workers' ends of the rings, in one process: snapshots, KV index
+operations re-hashed in the feed, slot recycling, a worker that fell behind, hints."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from motor._fast.hashing import block_hashes
+from motor._fast.ring import Ring
+from motor.config.schema import ClusterConfig, Role
+from motor.coordinator.endpoints import EndpointTable
+from motor.coordinator.feed import Feed, WorkerLink, parse_engine_metrics, ring_names
+from motor.coordinator.kv.router import KvRouter
+from motor.coordinator.loadtable import LoadTable
+from motor.http.client import Client
+from motor.protocol.kv_events import BlockRemoved, BlockStored, EventBatch
+
+BS = 16
+TOKENS = list(range(1, 4 * BS + 1))
+
+
+class Rig:
+    """A feed with two workers (standalone backends, kv_affinity without subscriptions)."""
+
+    def __init__(self, ring_bytes: int = 1 << 20, max_backlog: int = 10000) -> None:
+        self.cfg = ClusterConfig.model_validate({"coordinator": {
+            "policy": "kv_affinity", "kv": {"block_size": BS, "events": {"enabled": False}},
+            "feed": {"scrape_interval_s": 0, "max_backlog_records": max_backlog}}})
+        self.prefix = f"motor-test-feed-{uuid.uuid4().hex[:10]}"
+        self.load = LoadTable.create(f"{self.prefix}-load", 2, 16)
+        self.rings = []
+        for i in range(2):
+            w, h = ring_names(self.prefix, i)
+            self.rings.append((Ring.create(w, ring_bytes), Ring.create(h, 1 << 16)))
+        keys = [(f"backend-{i}#0", None, f"http://127.0.0.1:{9 + i}") for i in range(2)]
+        self.feed = Feed(self.cfg, self.load, self.rings, keys)
+        self.client = Client()
+        self.tables, self.routers, self.links = [], [], []
+        for i in range(2):
+            t = EndpointTable(self.client)
+            t.set_static([(Role.UNION, "127.0.0.1", 9), (Role.UNION, "127.0.0.1", 10)])
+            r = KvRouter(self.cfg.coordinator.kv)
+            w, h = ring_names(self.prefix, i)
+            link = WorkerLink(i, LoadTable.attach(self.load.name), Ring.attach(w), Ring.attach(h),
+                              t, r, static=True)
+            self.tables.append(t)
+            self.routers.append(r)
+            self.links.append(link)
+        self.stop = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, workers: tuple[int, ...] = (0, 1)) -> None:
+        self.tasks.append(asyncio.ensure_future(self.feed.run(self.stop)))
+        for i in workers:
+            self.tasks.append(asyncio.ensure_future(self.links[i].run()))
+        await asyncio.wait_for(asyncio.gather(*(self.links[i].synced.wait() for i in workers)), 5)
+
+    async def close(self) -> None:
+        self.stop.set()
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for link in self.links:
+            link.close()
+            link.load.close()
+        for w, h in self.rings:
+            for r in (w, h):
+                r.close()
+                r.unlink()
+        self.client.close()
+        self.load.close()
+        self.load.unlink()
+
+    def store(self, key: str, tokens: list[int], seq: int) -> None:
+        slot = self.feed.kv.slot(key)
+        self.feed.kv.ingest.apply(slot, seq, EventBatch(time.time(), [BlockStored(
+            [f"e{seq}-{j}".encode() for j in range(len(tokens) // BS)], None, tokens, BS)], 0))
+
+    def overlap(self, worker: int, key: str, tokens: list[int]) -> int:
+        r = self.routers[worker]
+        ov = r.match(block_hashes(np.asarray(tokens, np.uint32), BS), None)
+        return int(ov[r.slot(key)].sum())
+
+
+async def until(cond, timeout_s: float = 5.0) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.001)
+    return time.monotonic() - t0
+
+
+def test_snapshot_slots_and_kv_events_reach_every_worker():
+    async def main() -> None:
+        rig = Rig()
+        try:
+            await rig.start()
+            for t in rig.tables:   # every endpoint has a cell at the feed's slot
+                for key, ep in t.endpoints.items():
+                    assert (ep.shared.slot, ep.shared.gen) == rig.feed.slots[key]
+            rig.store("backend-1#0", TOKENS, 0)
+            lag = await until(lambda: all(rig.overlap(w, "backend-1#0", TOKENS) == 4
+                                          for w in (0, 1)))
+            assert lag < 1.0
+            assert rig.overlap(0, "backend-0#0", TOKENS) == 0
+            # removal by engine hash: the feed translated it, the workers drop the blocks
+            slot = rig.feed.kv.slot("backend-1#0")
+            rig.feed.kv.ingest.apply(slot, 1, EventBatch(time.time(), [BlockRemoved(
+                [b"e0-2", b"e0-3"])], 0))
+            await until(lambda: rig.overlap(1, "backend-1#0", TOKENS) == 2
+                        and rig.overlap(0, "backend-1#0", TOKENS) == 2)
+            # load in one worker's row is seen by the other worker's policy input
+            ep0 = rig.tables[0].endpoints["backend-1#0"]
+            ep1 = rig.tables[1].endpoints["backend-1#0"]
+            ep0.acquire(100, 40, 60)
+            assert ep1.shared.totals() == (1, 100, 40, 60)
+            ep0.release(100, 40, 60)
+            assert ep1.shared.totals() == (0, 0, 0, 0)
+        finally:
+            await rig.close()
+    asyncio.run(main())
+
+
+def test_removed_endpoint_retires_its_slot_and_workers_rebind():
+    async def main() -> None:
+        rig = Rig()
+        try:
+            await rig.start()
+            ep = rig.tables[0].endpoints["backend-0#0"]
+            ep.acquire(10, 5, 5)                 # in flight while the slot changes
+            old = rig.feed.slots["backend-0#0"]
+            eps = dict(rig.feed.endpoints)
+            gone = eps.pop("backend-0#0")
+            rig.feed.set_endpoints(eps)
+            assert rig.load.slot_gen(old[0]) == old[1] + 1
+            rig.feed.set_endpoints({**eps, "backend-0#0": gone})   # back, new generation
+            new = rig.feed.slots["backend-0#0"]
+            assert new != old
+            await until(lambda: (ep.shared.slot, ep.shared.gen) == new)
+            assert ep.shared.totals() == (1, 10, 5, 5)   # carried over to the new cell
+            ep.release(10, 5, 5)
+            assert ep.shared.totals() == (0, 0, 0, 0)
+            assert rig.load.totals(*old) == (0, 0, 0, 0)
+        finally:
+            await rig.close()
+    asyncio.run(main())
+
+
+def test_worker_that_fell_behind_gets_a_snapshot():
+    async def main() -> None:
+        rig = Rig(ring_bytes=64 * 1024, max_backlog=32)
+        try:
+            await rig.start(workers=(0,))
+            # worker 1 is not consuming: its HELLO arrives only later; meanwhile worker 0
+            # consumes; then worker 1 starts, and later stalls while many batches go by
+            rig.tasks.append(asyncio.ensure_future(rig.links[1].run()))
+            await asyncio.wait_for(rig.links[1].synced.wait(), 5)
+            stalled = rig.tasks.pop()
+            stalled.cancel()
+            snaps = rig.links[1].snapshots
+            prompts = [[100000 * k + j for j in range(1, 64 * BS + 1)] for k in range(400)]
+            for k, p in enumerate(prompts):
+                rig.store("backend-0#0", p, k)
+                await asyncio.sleep(0)
+            assert rig.feed.out[1].queue, "worker 1's backlog is waiting"
+            rig.tasks.append(asyncio.ensure_future(rig.links[1].run()))
+            await until(lambda: rig.links[1].snapshots > snaps and not rig.feed.out[1].queue
+                        and rig.links[1].ring.used_bytes == 0)
+            for p in (prompts[0], prompts[200], prompts[-1]):
+                assert rig.overlap(1, "backend-0#0", p) == 64
+                assert rig.overlap(0, "backend-0#0", p) == 64
+        finally:
+            await rig.close()
+    asyncio.run(main())
+
+
+def test_approximate_hints_reach_the_other_workers():
+    async def main() -> None:
+        rig = Rig()
+        try:
+            await rig.start()
+            ep = rig.tables[0].endpoints["backend-1#0"]
+            hashes = block_hashes(np.asarray(TOKENS, np.uint32), BS)
+            rig.routers[0].routed(ep, None, hashes)   # approximate mode: no subscriptions
+            await until(lambda: rig.overlap(1, "backend-1#0", TOKENS) == 4)
+            assert rig.overlap(0, "backend-1#0", TOKENS) == 4
+        finally:
+            await rig.close()
+    asyncio.run(main())
+
+
+def test_parse_engine_metrics():
+    text = ("# HELP vllm:num_requests_waiting x\nvllm:num_requests_waiting{model_name=\"m\"} 3.0\n"
+            "vllm:num_requests_running{model_name=\"m\"} 2\nvllm:kv_cache_usage_perc 0.5\n"
+            "sglang:token_usage 0.25\nother 9\n")
+    assert parse_engine_metrics(text) == (3.0, 2.0, 0.375)
+    assert parse_engine_metrics("") == (0.0, 0.0, 0.0)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_shm():
+    import os
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("motor-test-feed-")}
+    yield
+    after = {n for n in os.listdir("/dev/shm") if n.startswith("motor-test-feed-")}
+    assert after <= before
