@@ -427,11 +427,11 @@ class Feed:
                     for inst in table.instances:
                         if inst.state == InstanceState.REMOVED:
                             continue
-                        for e in inst.endpoints:
-                            key = f"{inst.id}#{e.dp_rank}"
+                        for spec in inst.endpoints:
+                            key = f"{inst.id}#{spec.dp_rank}"
                             eps[key] = SimpleNamespace(
-                                key=key, kv_events=inst.kv_events, dp_rank=e.dp_rank,
-                                host=e.host, port=e.port,
+                                key=key, kv_events=inst.kv_events, dp_rank=spec.dp_rank,
+                                host=spec.host, port=spec.port,
                                 ready=inst.state == InstanceState.READY)
                     self.set_endpoints(eps)
         finally:

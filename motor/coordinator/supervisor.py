@@ -140,14 +140,13 @@ def run_workers(cfg: ClusterConfig, backends: list[str] | None, controller_url: 
     finally:
         # drain: workers first (they stop accepting and finish in-flight requests), then
         # the feed
-        for group in ([p for i, p in procs.items() if i >= 0], [procs.get(-1)]):
+        feed = [p for i, p in procs.items() if i < 0]
+        for group in ([p for i, p in procs.items() if i >= 0], feed):
             for p in group:
-                if p is not None and p.is_alive() and p.pid is not None:
+                if p.is_alive() and p.pid is not None:
                     os.kill(p.pid, signal.SIGTERM)
             deadline = time.monotonic() + max(STOP_TIMEOUT_S, cfg.coordinator.drain_timeout_s + 5)
             for p in group:
-                if p is None:
-                    continue
                 p.join(max(0.1, deadline - time.monotonic()))
                 if p.is_alive():
                     p.kill()
