@@ -23,8 +23,8 @@ _JSON = orjson.dumps({"id": "cmpl-b", "object": "chat.completion", "created": 0,
 _EVENTS = [b"data: " + orjson.dumps({"id": "cmpl-b", "object": "chat.completion.chunk",
                                      "created": 0, "model": "m", "choices": [
                                          {"index": 0, "delta": {"content": "tok "},
-                                          "finish_reason": None}]}) + b"\n\n"
-           for _ in range(TOKENS)]
+                                          "finish_reason": "length" if i == TOKENS - 1 else None}]})
+           + b"\n\n" for i in range(TOKENS)]
 _MODELS = orjson.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
 
