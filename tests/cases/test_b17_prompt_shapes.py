@@ -46,7 +46,15 @@ async def test_prompt_shapes_pass_as_sent(path, key):
         assert st == 400 and orjson.loads(out)["error"]["code"] == 400
 
 
-@pytest.mark.skip(reason="criterion 3 (affinity of token-id prompts) belongs to the prefix-aware "
-                         "policy (KV-routing engineer, kv_affinity)")
-def test_token_prompt_affinity():
-    """10 repeats of a 2,000-token-id prompt land on one FB under a prefix-aware policy."""
+@run_async
+async def test_token_prompt_affinity_under_a_prefix_aware_policy():
+    """Criterion 3: token-id prompts are not "no prefix" - 10 repeats of a 2,000-id prompt
+    land on one FB with ``kv_affinity`` (approximate mode: no KV events from fakes)."""
+    async with cluster(2, fbs=[FB(behave=echo_prompt), FB(behave=echo_prompt)],
+                       policy="kv_affinity") as (fbs, gw):
+        prompt = [15339, 1917, 0] + list(range(1000, 2997))
+        for _ in range(10):
+            st, _, _ = await http(gw.port, "POST", "/v1/completions",
+                                  orjson.dumps({"model": "m", "prompt": prompt, "max_tokens": 4}))
+            assert st == 200
+        assert sorted(len(fb.log) for fb in fbs) == [0, 10]
