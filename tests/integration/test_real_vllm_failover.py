@@ -1,0 +1,108 @@
+"""Mid-stream failover against a real vLLM (CPU build, tiny random Llama): the design claims
+of docs/faults.md checked on the engine itself.
+
+* a chat stream with ``return_token_ids`` gives the templated prompt's ids (first chunk) and
+  the ids of every delta;
+* a ``/v1/completions`` request with prompt = those prompt ids + the first k generated ids
+  (greedy) continues with exactly the ids and text the uninterrupted chat produced;
+* :class:`StreamRecovery` cut after k tokens and continued that way gives the client the
+  uninterrupted chat text, with no token ids or ``prompt_text`` shown.
+
+Slow lane (``-m real_engine``); skipped without the vLLM CPU venv (see test_real_vllm.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from motor.coordinator.recovery import StreamRecovery
+from tests.integration.test_real_vllm import ENGINE_ENV, vllm_python, write_tiny_llama
+from tests.support.procs import free_ports
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(600)]
+
+
+def post(port: int, path: str, body: dict) -> bytes:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return r.read()
+
+
+def sse(raw: bytes) -> list[dict]:
+    return [json.loads(x[6:]) for x in raw.decode().split("\n\n") if x.startswith("data: {")]
+
+
+def test_chat_continues_exactly_as_a_completion_of_its_token_ids(tmp_path: Path) -> None:
+    py = vllm_python()
+    if py is None:
+        pytest.skip("no vLLM CPU venv")
+    model = write_tiny_llama(tmp_path / "tiny")
+    port = free_ports(1)[0]
+    log = open(tmp_path / "vllm.log", "wb")
+    p = subprocess.Popen([py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                          "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
+                          "--enforce-eager", "--max-model-len", "2048", "--block-size", "32",
+                          "--kv-cache-memory-bytes", str(8 * 1024 * 1024),
+                          "--disable-uvicorn-access-log"],
+                         env=dict(os.environ, **ENGINE_ENV), stdout=log, stderr=log,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except Exception:  # noqa: BLE001
+                assert p.poll() is None and time.monotonic() < deadline, \
+                    (tmp_path / "vllm.log").read_text()[-3000:]
+                time.sleep(1)
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "tell me a story"}],
+                "stream": True, "max_tokens": 30, "temperature": 0, "ignore_eos": True}
+        ev = sse(post(port, "/v1/chat/completions", dict(chat, return_token_ids=True)))
+        prompt_ids = next(e["prompt_token_ids"] for e in ev if e.get("prompt_token_ids"))
+        ids: list[int] = []
+        text = ""
+        for e in ev:
+            for c in e["choices"]:
+                ids += c.get("token_ids") or []
+                text += c["delta"].get("content") or ""
+        assert len(ids) == 30
+        k = 11
+        ev2 = sse(post(port, "/v1/completions", {
+            "model": "tiny", "prompt": prompt_ids + ids[:k], "stream": True, "max_tokens": 30 - k,
+            "temperature": 0, "ignore_eos": True, "return_token_ids": True}))
+        assert [t for e in ev2 for c in e["choices"] for t in (c.get("token_ids") or [])] == ids[k:]
+
+        r = StreamRecovery(True, chat)
+        out = b""
+        for e in ev:
+            out += r.feed(b"data: " + json.dumps(e).encode() + b"\n\n")
+            if len(r.gen) >= k:
+                break
+        path, body = r.continuation(b"/v1/chat/completions")
+        assert path == b"/v1/completions"
+        out += r.feed(post(port, path.decode(), json.loads(body)))
+        full = ""
+        for e in sse(out):
+            assert "prompt_token_ids" not in e and "prompt_text" not in e
+            for c in e["choices"]:
+                assert "token_ids" not in c and e["object"] == "chat.completion.chunk"
+                full += c["delta"].get("content") or ""
+        assert full == text
+        assert out.endswith(b"data: [DONE]\n\n")
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        log.close()
