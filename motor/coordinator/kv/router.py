@@ -183,8 +183,9 @@ class KvRouter:
                 logger.warning("KV routing: cannot tokenize a %s request for model %s (%s); "
                                "such requests are routed on load alone", route, model, e)
             return None
-        tokens = np.asarray(ids, dtype=np.uint32)
-        return len(ids), block_hashes(tokens, self.block_size)
+        # a list goes straight to the hasher (converted in C: ~1.5 ns a token, against ~13 ns
+        # for np.asarray of a list)
+        return len(ids), block_hashes(ids, self.block_size)
 
     def match(self, hashes: npt.NDArray[np.uint64], group: str | None) -> npt.NDArray[np.int32]:
         """int32[MAX_INSTANCES, 3]: leading cached blocks per slot and fastest tier
