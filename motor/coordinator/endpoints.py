@@ -58,7 +58,9 @@ class EndpointState:
         self.ready = False
         self.inflight = 0
         self.inflight_tokens = 0
-        self.inflight_prefill_tokens = 0  # uncached prompt tokens (as the policy estimated)
+        # uncached prompt tokens (as the policy estimated) of the requests still in their
+        # prefill: a streamed answer's leave at its first token (prefill_done)
+        self.inflight_prefill_tokens = 0
         self.inflight_decode_tokens = 0   # max_tokens of the requests in flight
         # workers > 1: this worker's cell of the shared load table (policies read the
         # column sums over all workers, motor.coordinator.loadtable); None with one worker
@@ -105,6 +107,14 @@ class EndpointState:
         self._gauge.dec()
         if self.breaker.state == HALF_OPEN:
             self.breaker.probe_done()
+
+    def prefill_done(self, prefill_tokens: int) -> None:
+        """The engine sent a request's first token: its prefill is over, so its
+        ``prefill_tokens`` stop counting as in-flight prefill here. The request stays in
+        flight; its :meth:`release` passes the prefill tokens still counted (0 after this)."""
+        self.inflight_prefill_tokens -= prefill_tokens
+        if self.shared is not None:
+            self.shared.prefill_done(prefill_tokens)
 
     def failed(self, certain: bool = False) -> None:
         """A transport failure or a 5xx (not 503) from this endpoint; ``certain``: connection

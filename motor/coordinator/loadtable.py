@@ -21,6 +21,11 @@ Writers, no locks:
   ``eng_seq[slot]`` (odd while writing); readers retry until they read the same even
   value before and after.
 
+A request's prefill tokens leave the prefill column at its first token
+(:meth:`LoadCell.prefill_done`, streamed answers); its request count, tokens and decode
+tokens stay until it ends (:meth:`LoadCell.release`, with the prefill tokens still
+counted), so every column returns to 0 on every path.
+
 Slot recycling: a worker's :class:`LoadCell` is bound to ``(slot, gen)``. Crediting a
 cell whose ``row_gen`` differs first resets it to the new generation, and a release
 whose generation is no longer the row's does nothing, so counts of an instance that left
@@ -286,6 +291,14 @@ class LoadCell:
         ld[b + 1] -= tokens
         ld[b + 2] -= prefill_tokens
         ld[b + 3] -= decode_tokens
+
+    def prefill_done(self, prefill_tokens: int) -> None:
+        """A request's prefill finished (its first token came): its ``prefill_tokens`` leave
+        the prefill column; the request count and the other columns stay until
+        :meth:`release`, which then passes the prefill tokens still counted (0)."""
+        if self._rg[self._ri] != self.gen:
+            return  # reset or reused since (as in release)
+        self._ld[self._b + 2] -= prefill_tokens
 
     def totals(self) -> tuple[int, int, int, int]:
         """Summed over all workers (see :meth:`LoadTable.totals`)."""

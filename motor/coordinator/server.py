@@ -82,6 +82,20 @@ def _estimate_prompt_tokens(body: dict[str, Any], raw_len: int) -> int:
     return max(1, raw_len // 4)
 
 
+_ROLE_PREAMBLE = b'"role":"assistant","content":""'
+
+
+def _past_prefill(block: bytes) -> bool:
+    """Whether a block of whole SSE events holds one that follows the prefill: anything
+    but keep-alive comments and the chat role preamble (``delta`` = role + empty content,
+    which vLLM and SGLang send with the first token but ``motor sim`` sends on arrival)."""
+    for ev in block.split(b"\n\n"):
+        ev = ev.strip()
+        if ev and not ev.startswith(b":") and _ROLE_PREAMBLE not in ev:
+            return True
+    return False
+
+
 def _is_openai_error(body: bytes) -> bool:
     try:
         obj = orjson.loads(body)
@@ -413,10 +427,14 @@ class Coordinator:
     # -- streams ----------------------------------------------------------------------
     async def _pump(self, up: UpstreamResponse, resp: Response, rec: "SseFeed | None",
                     route: _Route, t0: float, first: bool,
-                    on_first: Callable[[], object] | None = None
+                    on_first: Callable[[], object] | None = None,
+                    on_prefill_done: Callable[[], object] | None = None
                     ) -> tuple[BaseException | None, bool]:
         """Relay one leg's SSE events to the client, cut at event boundaries, each block
         passed through ``rec.feed`` (stream recovery here, the usage merge of the PD modes).
+        ``on_first``: called at the first event written to the client (``first``);
+        ``on_prefill_done``: called once, at this leg's first engine event past its
+        prefill (:func:`_past_prefill`).
 
         Returns (the error that ended the leg or ``None``, whether anything was written)."""
         tail = b""
@@ -448,6 +466,9 @@ class Coordinator:
                 if cut + 2 < len(chunk):
                     tail = chunk[cut + 2:]
                     chunk = chunk[:cut + 2]
+                if on_prefill_done is not None and _past_prefill(chunk):
+                    on_prefill_done()
+                    on_prefill_done = None
                 if rec is not None:
                     chunk = rec.feed(chunk)
                     if not chunk:
@@ -478,7 +499,15 @@ class Coordinator:
         (``rec`` set) or restarting it while no event reached the client; ends exactly once."""
         ep: EndpointState | None = res.ep
         up: UpstreamResponse | None = res.up
+        # the current leg's prefill tokens still counted on ep: they leave its load at the
+        # leg's first token (the engine is decoding then), the rest at release
         prefill_tokens = res.prefill_tokens
+
+        def prefill_done() -> None:
+            nonlocal prefill_tokens
+            if ep is not None and prefill_tokens:
+                ep.prefill_done(prefill_tokens)
+                prefill_tokens = 0
         resp.start(200, content_type=res.ctype, headers=rid_header)
         status = 200
         wrote_any = False
@@ -486,7 +515,8 @@ class Coordinator:
         try:
             while True:
                 assert ep is not None and up is not None
-                err, wrote = await self._pump(up, resp, rec, route, t0, not wrote_any)
+                err, wrote = await self._pump(up, resp, rec, route, t0, not wrote_any,
+                                              on_prefill_done=prefill_done)
                 wrote_any = wrote_any or wrote
                 up.close()
                 if rec is None:

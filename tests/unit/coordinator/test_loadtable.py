@@ -55,6 +55,31 @@ def test_rows_sum_and_releases_return_to_zero(table):
     assert table.totals(5, 1) == (0, 0, 0, 0)
 
 
+def test_prefill_done_moves_only_the_prefill_column(table):
+    a, b = table.cell(0, 6, 1), table.cell(2, 6, 1)
+    a.acquire(100, 30, 70)
+    b.acquire(50, 20, 30)
+    a.prefill_done(30)                      # a's first token: its prefill is over
+    assert table.totals(6, 1) == (2, 150, 20, 100)
+    assert a.mine() == (1, 100, 0, 70)
+    a.release(100, 0, 70)                   # released with the prefill still counted: 0
+    b.release(50, 20, 30)                   # b ended before its first token (failed)
+    assert table.totals(6, 1) == (0, 0, 0, 0)
+
+
+def test_prefill_done_after_reuse_or_reset_does_nothing(table):
+    old = table.cell(1, 2, 1)
+    old.acquire(10, 8, 2)
+    g = table.retire(2)
+    new = table.cell(1, 2, g)
+    new.acquire(5, 5, 0)
+    old.prefill_done(8)                     # the old instance's request: not on the new one
+    assert table.totals(2, g) == (1, 5, 5, 0)
+    table.reset_row(1)
+    new.prefill_done(5)                     # a dead worker's late first token: ignored
+    assert table.totals(2, g) == (0, 0, 0, 0)
+
+
 def test_recycled_slot_never_credits_the_old_instance(table):
     old = table.cell(0, 3, table.slot_gen(3))
     old.acquire(50, 10, 40)
@@ -104,19 +129,29 @@ def test_endpoint_state_and_policies_read_column_sums(table):
         from motor.coordinator.policy.base import RequestInfo
         from motor.coordinator.policy.least_load import LeastLoad
         assert LeastLoad().pick([a, b], RequestInfo("m", 1, 1)) is a
-        a.release(10, 4, 6)
+        a.prefill_done(4)
+        assert a.inflight == 1 and a.inflight_prefill_tokens == 0
+        assert a.shared.totals() == (1, 10, 0, 6)
+        assert load_columns([a, b])[0].tolist() == [0, 600]
+        a.release(10, 0, 6)
         assert a.inflight == 0 and a.shared.totals() == (0, 0, 0, 0)
+        assert (a.inflight_tokens, a.inflight_prefill_tokens, a.inflight_decode_tokens) == (0, 0, 0)
         a.shared = b.shared = None          # one worker: the plain counters
         b.acquire(3, 1, 2)
         assert [x.tolist() for x in load_columns([a, b])] == [[0, 1], [0, 2], [0, 1]]
-        b.release(3, 1, 2)
+        b.prefill_done(1)
+        assert [x.tolist() for x in load_columns([a, b])] == [[0, 0], [0, 2], [0, 1]]
+        b.release(3, 0, 2)
+        assert (b.inflight, b.inflight_tokens, b.inflight_prefill_tokens,
+                b.inflight_decode_tokens) == (0, 0, 0, 0)
     finally:
         client.close()
 
 
-# -- property: any mix of completed / failed / cancelled requests, slot reuse and worker
-# restarts leaves every live column at exactly 0 once every request has ended ----------
-_event = st.tuples(st.sampled_from(["start", "end", "retire", "restart"]),
+# -- property: any mix of completed / failed / cancelled requests, first tokens (prefill
+# released early), slot reuse and worker restarts leaves every live column at exactly 0
+# once every request has ended ---------------------------------------------------------
+_event = st.tuples(st.sampled_from(["start", "end", "first", "retire", "restart"]),
                    st.integers(0, 2), st.integers(0, 3), st.integers(0, 5000),
                    st.integers(0, 5000))
 
@@ -126,16 +161,27 @@ _event = st.tuples(st.sampled_from(["start", "end", "retire", "restart"]),
 def test_counters_return_to_zero_property(events):
     t = LoadTable.create(f"motor-test-lt-{uuid.uuid4().hex[:12]}", n_workers=3, n_slots=4)
     try:
-        live: list[tuple[object, int, int, int]] = []   # (cell, tokens, prefill, decode)
+        live: list[list] = []                           # [cell, tokens, prefill left, decode]
         expect = np.zeros((4, 4), np.int64)            # what the live generation should hold
         owner: list[int] = []                           # worker of each live request
         for kind, w, slot, a, b in events:
             if kind == "start":
                 cell = t.cell(w, slot, t.slot_gen(slot))
                 cell.acquire(a + b, a, b)
-                live.append((cell, a + b, a, b))
+                live.append([cell, a + b, a, b])
                 owner.append(w)
                 expect[slot] += (1, a + b, a, b)
+            elif kind == "first" and live:
+                # the request's first token: its prefill leaves, the request stays (once)
+                i = (a * 5 + b) % len(live)
+                cell, tok, p, d = live[i]
+                counted = cell.gen == t.slot_gen(cell.slot) and \
+                    int(t.row_gen[cell.worker, cell.slot]) == cell.gen
+                if p:
+                    cell.prefill_done(p)
+                    live[i][2] = 0
+                    if counted:
+                        expect[cell.slot] -= (0, 0, p, 0)
             elif kind == "end" and live:
                 # completed, failed or cancelled: the request path releases exactly once
                 i = (a * 7 + b) % len(live)
