@@ -374,6 +374,21 @@ class StreamRecovery:
         return b"data: " + _dumps(obj) + b"\n\n"
 
     # -- between legs -----------------------------------------------------------------
+    def leg_end(self) -> str:
+        """How the current leg ended, once its events are fed: ``done`` (``[DONE]`` reached
+        the client), ``finished`` (the finishing chunk did, ``[DONE]`` did not: end it with
+        :meth:`tail_after_finish`), ``recomputed`` (preempted: continue), ``engine_error``
+        (an error event instead of chunks: continue) or ``broken`` (cut off: continue)."""
+        if self.done:
+            return "done"
+        if self.recomputed:
+            return "recomputed"
+        if self.finished:
+            return "finished"
+        if self.engine_error is not None:
+            return "engine_error"
+        return "broken"
+
     def tail_after_finish(self) -> bytes:
         """The end of a stream whose engine failed after the finishing chunk."""
         out = b""

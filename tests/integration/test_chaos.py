@@ -123,3 +123,83 @@ async def test_kill_two_of_four_sims_mid_stream(sims):
         assert all(e.inflight == 0 and e.inflight_tokens == 0 for e in gw.table.endpoints.values())
     finally:
         await gw.stop()
+
+
+# -- PD modes: a decode instance killed mid-stream ---------------------------------------
+PD_MODES = ["pd_prefill_first", "pd_decode_first", "pd_bootstrap"]
+PD_REQUESTS = 16
+
+
+@pytest.fixture
+def pd_sims(tmp_path):
+    """2 prefill + 2 decode `motor sim` processes (context-keyed text)."""
+    roles = ["prefill", "prefill", "decode", "decode"]
+    ports = free_ports(len(roles))
+    procs = [spawn(["sim", "--port", str(p), "--role", r, "--context-keyed-text",
+                    "--time-scale", "8", "--bootstrap-timeout-s", "10",
+                    "--model-dir", str(tmp_path / "tok")], str(tmp_path / f"sim{p}.log"))
+             for p, r in zip(ports, roles)]
+    try:
+        for p in ports:
+            wait_http(f"http://127.0.0.1:{p}/health", 30)
+        yield list(zip(roles, ports)), procs
+    finally:
+        for pr in procs:
+            stop(pr, 5)
+        for p in ports:
+            assert pids_matching("motor", "sim", "--port", str(p)) == []
+
+
+async def run_pd(port: int, on_event=None) -> list[tuple[str, dict, int]]:
+    res = await asyncio.gather(*(stream(port, path(i), body(i), on_event=on_event, timeout_s=60)
+                                 for i in range(PD_REQUESTS)))
+    out = []
+    for i, (st, _, payloads, _) in enumerate(res):
+        assert st == 200
+        out.append(parse(i, payloads))
+    return out
+
+
+def _tokens(usage: dict) -> tuple:
+    return usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]
+
+
+@pytest.mark.parametrize("mode", PD_MODES)
+@run_async
+async def test_pd_decode_killed_mid_stream_is_continued(pd_sims, mode):
+    backends, procs = pd_sims
+    gw = await Gateway([(Role.PREFILL if r == "prefill" else Role.DECODE, "127.0.0.1", p)
+                        for r, p in backends], mode=mode, breaker={"open_s": 5.0}).start()
+    if mode == "pd_decode_first":
+        gw.coord.pd.metaserver_url = f"http://127.0.0.1:{gw.port}/v1/metaserver"
+    try:
+        reference = await run_pd(gw.port)                     # fault-free, same seeds
+        for text, usage, done in reference:
+            assert len(text) == MAX_TOKENS and done == 1
+            assert usage["completion_tokens"] == MAX_TOKENS
+        assert gw.inflight() == 0
+
+        failovers = sum(metrics.FAILOVERS.labels(r)._value.get()
+                        for r in ("broken", "restart", "engine_error"))
+        seen = [0]
+        killed = asyncio.Event()
+
+        def on_event(p: bytes) -> None:
+            seen[0] += 1
+            if seen[0] == PD_REQUESTS * 8 and not killed.is_set():
+                killed.set()
+                os.killpg(procs[2].pid, signal.SIGKILL)      # one of the two decodes
+
+        chaos = await run_pd(gw.port, on_event)
+        assert killed.is_set() and procs[2].poll() is not None
+        after = sum(metrics.FAILOVERS.labels(r)._value.get()
+                    for r in ("broken", "restart", "engine_error"))
+        assert after - failovers >= 1                           # streams really moved
+        for i, (got, ref) in enumerate(zip(chaos, reference)):
+            assert got[0] == ref[0], f"request {i}: text differs from the fault-free run"
+            assert _tokens(got[1]) == _tokens(ref[1]), f"request {i}: {got[1]} != {ref[1]}"
+            assert got[2] == 1
+        assert gw.inflight() == 0
+        assert all(e.inflight == 0 and e.inflight_tokens == 0 for e in gw.table.endpoints.values())
+    finally:
+        await gw.stop()

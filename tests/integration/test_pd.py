@@ -196,7 +196,15 @@ async def test_pd_leg_failures_end_with_one_terminal_answer(mode: str) -> None:
                 st, _, body = await http(c.gw.port, "POST", "/v1/completions", orjson.dumps(req),
                                          timeout=20)
                 assert loop.time() - t < 15   # bounded by the configured timeouts
-                if stream and st == 200:
+                if stream and st == 200 and role == "decode" and fault["mode"] == "drop_after":
+                    # a decode broken mid-stream is continued as a new PD request (each
+                    # decode drops after 3 tokens: 3 + 3 + 2 over three legs)
+                    evs = _events(body)
+                    assert evs[-1] == "[DONE]" and evs.count("[DONE]") == 1, body
+                    assert not any("error" in e for e in evs[:-1]), body
+                    assert [e["choices"][0]["finish_reason"] for e in evs[:-1]
+                            if e["choices"][0]["finish_reason"]] == ["length"]
+                elif stream and st == 200:
                     evs = _events(body)
                     assert evs[-1] == "[DONE]" and "error" in evs[-2], (role, fault, body)
                     assert evs[-2]["error"]["code"] in (500, 502, 504)

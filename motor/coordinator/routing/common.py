@@ -28,6 +28,7 @@ from motor.config.schema import PolicyName, Role
 from motor.coordinator import metrics
 from motor.coordinator.endpoints import EndpointState
 from motor.coordinator.policy import Policy, RequestInfo, make_policy
+from motor.coordinator.recovery import StreamRecovery, continuable
 from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
 from motor.http.server import Request, Response
 from motor.protocol.openai import SSE_DONE, error_body, sse_error_event
@@ -78,7 +79,8 @@ class Ctx:
     """One PD request: the client's body, headers to forward, ids, timing."""
 
     __slots__ = ("route", "path", "chat", "req", "resp", "raw", "body", "model", "fwd", "rid",
-                 "rid_header", "stream", "info", "max_tokens", "t0")
+                 "rid_header", "stream", "info", "max_tokens", "t0", "rec", "cont", "avoid",
+                 "legs", "wrote")
 
     def __init__(self, route: Any, req: Request, resp: Response, raw: bytes,
                  body: dict[str, Any], model: str | None, fwd: list[tuple[bytes, bytes]],
@@ -95,6 +97,19 @@ class Ctx:
         self.rid = rid
         self.rid_header = ((b"x-request-id", rid),)
         self.stream = body.get("stream") is True
+        self._size(len(raw))
+        self.t0 = time.perf_counter()
+        # mid-stream failover (docs/faults.md): the stream's StreamRecovery, the next leg's
+        # context once the decode broke, decode endpoints not to use again, legs so far,
+        # whether an event reached the client
+        self.rec: StreamRecovery | None = None
+        self.cont: Ctx | None = None
+        self.avoid: set[EndpointState] = set()
+        self.legs = 0
+        self.wrote = False
+
+    def _size(self, raw_len: int) -> None:
+        body = self.body
         mt = body.get("max_completion_tokens") if self.chat else None
         if mt is None:
             mt = body.get("max_tokens")
@@ -103,9 +118,25 @@ class Ctx:
         if isinstance(p, list) and p and isinstance(p[0], int):
             prompt_tokens = len(p)
         else:
-            prompt_tokens = max(1, len(raw) // 4)
-        self.info = RequestInfo(model, prompt_tokens, self.max_tokens)
-        self.t0 = time.perf_counter()
+            prompt_tokens = max(1, raw_len // 4)
+        self.info = RequestInfo(self.model, prompt_tokens, self.max_tokens)
+
+    def continued(self, path: bytes, body: dict[str, Any]) -> "Ctx":
+        """The context of the next leg of a broken stream: a fresh PD request for ``path``
+        with ``body`` (StreamRecovery's continuation), same client, ids, response and
+        recovery state."""
+        c = Ctx.__new__(Ctx)
+        for k in Ctx.__slots__:
+            setattr(c, k, getattr(self, k))
+        c.path = path
+        c.chat = path == b"/v1/chat/completions"
+        c.body = body
+        c.raw = b""
+        c.stream = True
+        c._size(len(orjson.dumps(body)))
+        c.cont = None
+        c.legs = self.legs + 1
+        return c
 
 
 def prefill_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None,
@@ -243,8 +274,13 @@ class PdMode:
                       + (f" for model {model}" if model else "")
                       + " and no union instance to fall back to", ctx.rid_header)
             return
+        self.recovery(ctx)
         try:
             await self.run(ctx)
+            while ctx.cont is not None:
+                # the decode broke mid-stream: the rest is a fresh PD request (new P and D)
+                ctx = ctx.cont
+                await self.run(ctx)
         except LegFailed as e:
             if not resp.started:
                 self.fail_body(ctx, e.status, e.body)
@@ -257,6 +293,25 @@ class PdMode:
 
     async def run(self, ctx: Ctx) -> None:
         raise NotImplementedError
+
+    def recovery(self, ctx: Ctx) -> None:
+        """Mid-stream failover for a stream that can be continued exactly: the decode is
+        asked for token ids (``return_token_ids`` in both legs' body; not for SGLang decode
+        instances unless ``failover.request_token_ids: always``)."""
+        coord = self.coord
+        if not (ctx.stream and coord.failover_on):
+            return
+        why = continuable(ctx.chat, ctx.body)
+        if why is not None:
+            logger.debug("request %s: no mid-stream failover (%s)", ctx.rid.decode("latin-1"),
+                         why)
+            return
+        if coord.token_ids_mode != "always" and all(
+                not coord._ids_for(e) for e in coord.table.candidates(Role.DECODE, ctx.model)):
+            return
+        ctx.rec = StreamRecovery(ctx.chat, ctx.body)
+        if ctx.body.get("return_token_ids") is not True:
+            ctx.body = dict(ctx.body, return_token_ids=True)
 
     # -- answers ----------------------------------------------------------------------
     def fail(self, route: Any, resp: Response, status: int, message: str,
@@ -275,7 +330,7 @@ class PdMode:
             return None
         policy = self.prefill_policy if role is Role.PREFILL else self.decode_policy
         if policy.uses_prefix and role is Role.PREFILL:
-            policy.prepare(ctx.info, ctx.route.name, ctx.body)
+            policy.prepare(ctx.info, "chat" if ctx.chat else "completions", ctx.body)
         ep = policy.pick(cands, ctx.info, exclude)
         if ep is not None:
             policy.routed(ep, ctx.info)
@@ -364,6 +419,7 @@ class PdMode:
         still acquired (the caller releases it with :meth:`release_decode`). A refused or
         reset connection before any answer is retried on another decode (``retry``)."""
         last = "no decode instance"
+        exclude.update(ctx.avoid)   # a continuation avoids the decode that broke
         for attempt in range(self.max_attempts if retry else 1):
             if attempt:
                 await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)))
@@ -407,16 +463,28 @@ class PdMode:
         status = up.status
         ctype = up.header(b"content-type", _JSON) or _JSON
         p_usage = p_answer.get("usage") if p_answer else None
+        rec = ctx.rec
         if status < 300 and ctype.startswith(b"text/event-stream"):
-            resp.start(200, content_type=ctype, headers=ctx.rid_header)
+            if not resp.started:
+                resp.start(200, content_type=ctype, headers=ctx.rid_header)
             # the coordinator's SSE pump: cut at event boundaries, keep-alive comments,
             # idle timeout; route.ttft observed there, the PD TTFT here
+            feed: Any = UsageMerger(p_usage) if rec is None else _Chain(rec, UsageMerger(p_usage))
+            first = not ctx.wrote
             try:
-                err, _ = await self.coord._pump(
-                    up, resp, UsageMerger(p_usage), route, ctx.t0, True,
-                    lambda: PD_TTFT.labels(self.name).observe(time.perf_counter() - ctx.t0))
+                err, wrote = await self.coord._pump(
+                    up, resp, feed, route, ctx.t0, first,
+                    (lambda: PD_TTFT.labels(self.name).observe(time.perf_counter() - ctx.t0))
+                    if first else None)
             finally:
                 up.close()
+            ctx.wrote = ctx.wrote or wrote
+            if rec is not None and not isinstance(err, UpstreamTimeout) \
+                    and self.after_leg(ctx, ep, err):
+                PD_DECODE.labels(self.name).observe(time.perf_counter() - t_decode)
+                if ctx.cont is None:
+                    route.e2e.observe(time.perf_counter() - ctx.t0)
+                return
             if err is None:
                 ep.succeeded()
                 resp.end()
@@ -439,6 +507,19 @@ class PdMode:
             PD_DECODE.labels(self.name).observe(time.perf_counter() - t_decode)
             route.e2e.observe(time.perf_counter() - ctx.t0)
             return
+        if resp.started:
+            # a continuation's decode answered with an error status: the stream is open
+            if status >= 500 and status != 503:
+                ep.failed()
+            try:
+                data = await self.read_whole(up)
+            except (UpstreamTimeout, UpstreamClosed, OSError):
+                data = b""
+            PD_REQUESTS.labels(self.name, "decode_failed").inc()
+            raise LegFailed(status if status >= 400 else 502,
+                            f"the stream could not be continued: decode instance "
+                            f"{ep.instance_id} answered {status}: "
+                            f"{data[:512].decode('utf-8', 'replace')}")
         try:
             data = await self.read_whole(up)
         except UpstreamTimeout as e:
@@ -467,6 +548,76 @@ class PdMode:
         route.ttft.observe(now - ctx.t0)
         route.e2e.observe(now - ctx.t0)
         PD_REQUESTS.labels(self.name, "ok").inc()
+
+
+    def after_leg(self, ctx: Ctx, ep: EndpointState, err: BaseException | None) -> bool:
+        """A recoverable decode stream's leg ended (not by an idle timeout): end the answer
+        or set ``ctx.cont`` to the next leg (StreamRecovery's continuation, sent by
+        :meth:`handle` as a fresh PD request: new prefill, new decode). ``False``: not
+        handled here (a stream that broke while the client is still there always is)."""
+        rec = ctx.rec
+        assert rec is not None
+        resp, route = ctx.resp, ctx.route
+        end = rec.leg_end()
+        if end in ("done", "finished"):
+            if err is None:
+                ep.succeeded()
+            else:
+                ep.failed()
+            resp.end(rec.tail_after_finish() if end == "finished" else b"")
+            route.count(200)
+            PD_REQUESTS.labels(self.name, "ok").inc()
+            return True
+        if end != "recomputed":
+            if err is not None:
+                metrics.UPSTREAM_ERRORS.labels(ep.url, "closed").inc()
+            ep.failed()
+        else:
+            ep.succeeded()
+        if resp.client_gone:
+            raise asyncio.CancelledError()
+        max_legs = self.coord.max_continuations
+        why = f"{ctx.legs} continuation(s) already" if ctx.legs >= max_legs else rec.why_not()
+        if why is not None:
+            metrics.FAILOVER_REFUSED.labels("refused").inc()
+            msg = (f"decode instance {ep.instance_id} failed mid-stream ({err or end}); "
+                   f"not continued: {why}")
+            logger.warning("PD stream from %s ended early: %s", ep.url, msg)
+            if rec.engine_error is not None and rec.engine_error.startswith(b"data:"):
+                resp.end(rec.engine_error + SSE_DONE)
+            else:
+                resp.end(sse_error_event(502, msg))
+            route.count(502)
+            PD_REQUESTS.labels(self.name, "decode_failed").inc()
+            return True
+        rem = rec.remaining()
+        if rem is not None and rem <= 0:
+            resp.end(rec.length_tail())
+            route.count(200)
+            PD_REQUESTS.labels(self.name, "ok").inc()
+            return True
+        path, body = rec.continuation(ctx.path)
+        reason = "restart" if not ctx.wrote and end == "broken" else end
+        metrics.FAILOVERS.labels(reason).inc()
+        ctx.avoid.add(ep)
+        ctx.cont = ctx.continued(path, orjson.loads(body))
+        logger.info("PD stream from %s continues as a new PD request (%s, leg %d)", ep.url,
+                    reason, ctx.cont.legs + 1)
+        return True
+
+
+class _Chain:
+    """StreamRecovery, then the PD usage merge, over the same SSE events."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: StreamRecovery, b: UsageMerger) -> None:
+        self.a = a
+        self.b = b
+
+    def feed(self, block: bytes) -> bytes:
+        out = self.a.feed(block)
+        return self.b.feed(out) if out else out
 
 
 def merge_answer(data: bytes, p_answer: dict[str, Any]) -> bytes:

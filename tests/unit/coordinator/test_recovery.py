@@ -183,6 +183,23 @@ def test_engine_error_event_is_held_back():
     assert len(payloads(out)) == 1 and r.engine_error is not None and not r.done
 
 
+def test_leg_end_says_how_a_leg_ended():
+    body = {"prompt": "a", "stream": True, "max_tokens": 4}
+    r = StreamRecovery(False, body)
+    r.feed(ev(cmpl_chunk("x", [1], prompt=[7])))
+    assert r.leg_end() == "broken"
+    r.feed(ev({"error": {"message": "engine loop died", "code": 500}}))
+    assert r.leg_end() == "engine_error"
+    r.continuation(b"/v1/completions")
+    r.feed(ev(cmpl_chunk("", [], finish="stop", stop_reason="recomputed")))
+    assert r.leg_end() == "recomputed"
+    r.continuation(b"/v1/completions")
+    r.feed(ev(cmpl_chunk("y", [2], finish="length")))
+    assert r.leg_end() == "finished"
+    r.feed(b"data: [DONE]\n\n")
+    assert r.leg_end() == "done"
+
+
 def test_default_max_tokens_of_completions_is_vllms():
     r = StreamRecovery(False, {"prompt": "a", "stream": True})
     r.feed(ev(cmpl_chunk("x", [1], prompt=[7])))
