@@ -251,6 +251,18 @@ class CoordinatorConfig(_Strict):
                     "/metrics aggregated); null = none (each worker still answers them on `port`)")
     drain_timeout_s: float = Field(
         10.0, gt=0, description="on SIGTERM: how long in-flight requests may take to finish")
+    api_keys: list[str] = Field(
+        default_factory=list, repr=False,
+        description="keys clients must send as `Authorization: Bearer <key>` on the inference "
+                    "routes and `/v1/models` (others get 401 with an OpenAI error body and "
+                    "reach no engine); the comma-separated env var `MOTOR_API_KEYS` adds to "
+                    "it; empty = no check. A client's key is never forwarded to the engines "
+                    "when keys are set (see `worker_api_key`)")
+    worker_api_key: str | None = Field(
+        None, repr=False,
+        description="key motor sends to the engines as `Authorization: Bearer <key>` (env var "
+                    "`MOTOR_WORKER_API_KEY` when null), replacing the client's header; null "
+                    "with no `api_keys` = the client's `Authorization` is forwarded as sent")
 
 
 class RestartConfig(_Strict):

@@ -8,7 +8,9 @@ The request path in ``union`` mode:
    endpoint serves it, 503 if none is routable); the policy picks one;
 3. the client's body bytes go upstream unchanged (extension fields, ``stream_options``,
    token-id prompts all pass as sent) with ``authorization``, ``x-request-id`` (made up
-   when absent) and ``content-type``;
+   when absent) and ``content-type``; with ``api_keys`` set, a request without one of
+   them as ``Authorization: Bearer`` gets 401 before anything else, and the engines get
+   ``worker_api_key`` (or no ``authorization``) instead of the client's credential;
 4. a connection refused / reset before any answer byte, or a connect timeout, is retried
    on another endpoint (``retries.max_attempts``, doubling backoff); the endpoint is ejected
    for a short cool-down;
@@ -23,6 +25,7 @@ in-flight counters are released in a ``finally``.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import time
@@ -123,6 +126,14 @@ class Coordinator:
         self.token_ids_mode = cfg.failover.request_token_ids
         self.failover_on = cfg.failover.enabled and self.token_ids_mode != "never"
         self.max_continuations = cfg.failover.max_continuations
+        # gateway API keys (case B14): what clients must present, what engines get
+        keys = list(cfg.api_keys) + [k.strip() for k in
+                                     os.environ.get("MOTOR_API_KEYS", "").split(",") if k.strip()]
+        self.api_keys: tuple[bytes, ...] = tuple(k.encode() for k in keys)
+        wk = cfg.worker_api_key or os.environ.get("MOTOR_WORKER_API_KEY") or None
+        self.worker_auth: bytes | None = b"Bearer " + wk.encode() if wk else None
+        # the client's Authorization goes upstream only when motor neither checks nor replaces it
+        self.forward_client_auth = not self.api_keys and self.worker_auth is None
         table.configure_breakers(cfg.breaker)
         self.ready_source: asyncio.Event | None = None
         self.router = Router()
@@ -178,8 +189,39 @@ class Coordinator:
         resp.send(200, orjson.dumps({"version": self.table.version, "worker_pid": os.getpid(),
                                      "endpoints": out}))
 
+    def authorized(self, req: Request, resp: Response, route: "_Route | None" = None) -> bool:
+        """With ``api_keys`` set: whether the request carries one as ``Authorization: Bearer``;
+        if not, answers 401 with an OpenAI error body (the request reaches no engine)."""
+        if not self.api_keys:
+            return True
+        h = req.header(b"authorization") or b""
+        scheme, _, key = h.strip().partition(b" ")
+        ok = False
+        if scheme.lower() == b"bearer":
+            key = key.strip()
+            for k in self.api_keys:          # every key compared, in constant time each
+                ok = hmac.compare_digest(key, k) or ok
+        if not ok:
+            if route is not None:
+                route.count(401)
+            msg = "Incorrect API key provided." if h else \
+                "Missing API key: send it as `Authorization: Bearer <key>`."
+            resp.send(401, orjson.dumps({"error": {"message": msg,
+                                                   "type": "invalid_request_error",
+                                                   "param": None, "code": "invalid_api_key"}}),
+                      headers=((b"www-authenticate", b'Bearer realm="motor"'),))
+        return ok
+
+    def upstream_auth(self, fwd: list[tuple[bytes, bytes]], k: bytes, v: bytes) -> None:
+        """Add a client's header ``k: v`` to the headers sent upstream, Authorization only
+        when it is forwarded as sent (no gateway keys, no worker key)."""
+        if k != b"authorization" or self.forward_client_auth:
+            fwd.append((k, v))
+
     async def _on_models(self, req: Request, resp: Response) -> None:
         """Models of every routable endpoint, aggregated (not one worker's answer)."""
+        if not self.authorized(req, resp):
+            return
         created = int(time.time())
         data = [{"id": m, "object": "model", "created": created, "owned_by": "motor",
                  "root": m, "parent": None} for m in self.table.models()]
@@ -187,22 +229,28 @@ class Coordinator:
 
     # -- inference ------------------------------------------------------------
     async def _on_chat(self, req: Request, resp: Response) -> None:
+        if not self.authorized(req, resp, self._chat):
+            return
         if self.pd is not None:
             await self.pd.handle(self._chat, req, resp)
             return
         await self._proxy(self._chat, req, resp)
 
     async def _on_completions(self, req: Request, resp: Response) -> None:
+        if not self.authorized(req, resp, self._cmpl):
+            return
         if self.pd is not None:
             await self.pd.handle(self._cmpl, req, resp)
             return
         await self._proxy(self._cmpl, req, resp)
 
     async def _on_embeddings(self, req: Request, resp: Response) -> None:
-        await self._proxy(self._embed, req, resp)
+        if self.authorized(req, resp, self._embed):
+            await self._proxy(self._embed, req, resp)
 
     async def _on_generate(self, req: Request, resp: Response) -> None:
-        await self._proxy(self._generate, req, resp)
+        if self.authorized(req, resp, self._generate):
+            await self._proxy(self._generate, req, resp)
 
     def _fail(self, route: _Route, resp: Response, status: int, message: str,
               headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
@@ -231,7 +279,7 @@ class Coordinator:
         rid = None
         for k, v in req.headers:
             if k in _FORWARD_HEADERS:
-                fwd.append((k, v))
+                self.upstream_auth(fwd, k, v)
             elif k == b"x-request-id":
                 rid = v
                 if len(v) > _MAX_REQUEST_ID_BYTES:
@@ -241,6 +289,8 @@ class Coordinator:
         if rid is None:
             rid = uuid.uuid4().hex.encode()
         fwd.append((b"x-request-id", rid))
+        if self.worker_auth is not None:
+            fwd.append((b"authorization", self.worker_auth))
         rid_header = ((b"x-request-id", rid),)
 
         candidates = self.table.candidates(Role.UNION, model)

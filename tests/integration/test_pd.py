@@ -23,6 +23,7 @@ class Cluster:
         self.cfg = cfg
         self.sims: list[SimServer] = []
         self.bodies: list[tuple[str, str, dict[str, Any]]] = []   # (role, path, body)
+        self.auth: list[bytes | None] = []    # Authorization of every engine request
 
     async def start(self) -> "Cluster":
         for role in ("prefill", "prefill", "decode", "decode"):
@@ -34,6 +35,7 @@ class Cluster:
             async def handle(req: Any, resp: Any, orig: Any = orig, role: str = role) -> None:
                 if req.path.startswith("/v1/") and req.method == b"POST":
                     self.bodies.append((role, req.path, orjson.loads(req.body)))
+                    self.auth.append(req.header(b"authorization"))
                 await orig(req, resp)
             s._handle = handle  # type: ignore[method-assign]
             await s.start()
@@ -268,5 +270,24 @@ async def test_pd_prefill_first_stream_with_prompt_logprobs_is_refused_like_vllm
                "prompt": "hello " * 10}
         st, _, body = await http(c.gw.port, "POST", "/v1/completions", orjson.dumps(req))
         assert st == 200 and _events(body)[-1] == "[DONE]"
+    finally:
+        await c.stop()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@run_async
+async def test_pd_gateway_key_checked_and_worker_key_sent_to_both_legs(mode: str) -> None:
+    c = await Cluster(mode, api_keys=["sk-gw"], worker_api_key="sk-worker").start()
+    try:
+        req = orjson.dumps({"model": "m", "prompt": "hello " * 10, "max_tokens": 3,
+                            "stream": True})
+        st, _, body = await http(c.gw.port, "POST", "/v1/completions", req)
+        assert st == 401 and orjson.loads(body)["error"]["code"] == "invalid_api_key"
+        assert c.bodies == []
+        st, _, body = await http(c.gw.port, "POST", "/v1/completions", req,
+                                 {"authorization": "Bearer sk-gw"})
+        assert st == 200 and _events(body)[-1] == "[DONE]"
+        assert len(c.auth) == 2 and set(c.auth) == {b"Bearer sk-worker"}
+        assert c.gw.inflight() == 0
     finally:
         await c.stop()

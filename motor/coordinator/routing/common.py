@@ -249,14 +249,17 @@ class PdMode:
             return
         fwd: list[tuple[bytes, bytes]] = []
         rid = None
+        coord = self.coord
         for k, v in req.headers:
             if k in FORWARD_HEADERS:
-                fwd.append((k, v))
+                coord.upstream_auth(fwd, k, v)
             elif k == b"x-request-id":
                 rid = v
         if rid is None:
             rid = uuid.uuid4().hex.encode()
         fwd.append((b"x-request-id", rid))
+        if coord.worker_auth is not None:
+            fwd.append((b"authorization", coord.worker_auth))
         ctx = Ctx(route, req, resp, raw, body, model, fwd, rid)
         table = self.coord.table
         if not table.candidates(Role.PREFILL, model) or not table.candidates(Role.DECODE, model):
