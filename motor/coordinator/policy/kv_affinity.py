@@ -17,9 +17,9 @@ load on ``i``. The cost, in prompt-token equivalents (:mod:`motor._fast.scoring`
     cost_i  = max(prompt_tokens - saved_i, 0) + load_i
 
 Settings (``coordinator.kv``): ``tier_credit`` (device 1.0, host 0.75, disk 0.25),
-``prefill_weight`` 0.25 (the uncached tokens stay "in flight" until the answer ends,
-long after their prefill: a full weight pushed conversations off their cached history,
-docs/benchmarks.md), ``decode_weight`` 0.0, ``queue_penalty_tokens`` 64,
+``prefill_weight`` 0.25 (a streamed request's uncached tokens are in flight until its
+first token, a whole answer's until it ends; the 0.25 dates from when every request's
+counted until its end, docs/benchmarks.md), ``decode_weight`` 0.0, ``queue_penalty_tokens`` 64,
 ``load_guard`` 2.0 (an instance with load > 2 x the candidates' mean gets no cache
 credit, once some load exceeds ``load_guard_min_tokens`` 4096).
 
