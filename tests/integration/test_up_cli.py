@@ -5,6 +5,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -57,4 +58,8 @@ nodes:
     time.sleep(0.3)
     assert pids_matching("motor", "--port", str(base)) == []
     assert pids_matching("motor", "--port", str(base + 1)) == []
-    assert pids_matching("motor", "motor-cluster-") == []
+    # controller and coordinator are gone too: their ports can be bound again
+    for port in (ctl, gw):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
