@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=32, help="max_tokens per request")
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
-    p.add_argument("--log-dir", help="component logs (default: a temporary directory, "
+    p.add_argument("--log-dir", help="component logs, engines' in DIR/engines (default: a "
+                                     "temporary directory, removed after a clean run, kept and "
                                      "printed on failure)")
     p.add_argument("--ready-timeout", type=float, default=120.0,
                    help="seconds to wait for the cluster to be ready")
@@ -50,8 +51,14 @@ def main(args: argparse.Namespace) -> int:
     print(f"motor demo: starting controller, {len(cfg.nodes)} node manager(s) with {n_eps} "
           f"simulated engine(s), coordinator ({cfg.coordinator.mode.value}) at {cluster.url} "
           f"(logs in {log_dir})", flush=True)
+    failed = True
     try:
-        cluster.start()
+        try:
+            cluster.start()
+        except ConfigError as e:
+            print(f"motor demo: {e}", file=sys.stderr)
+            failed = False  # nothing started, no log to keep
+            return 2
         if not cluster.wait_ready(args.ready_timeout):
             print(f"motor demo: the cluster did not become ready; see the logs in {log_dir}",
                   file=sys.stderr)
@@ -66,9 +73,12 @@ def main(args: argparse.Namespace) -> int:
         print(format_table(result), flush=True)
         if args.json:
             write_json(result, args.json)
+        failed = result.exit_status != 0
         return result.exit_status
     finally:
         cluster.stop()
-        if not args.log_dir and os.path.isdir(log_dir):
+        if failed and not args.log_dir:
+            print(f"motor demo: logs kept in {log_dir}", file=sys.stderr)
+        elif not args.log_dir and os.path.isdir(log_dir):
             import shutil
             shutil.rmtree(log_dir, ignore_errors=True)

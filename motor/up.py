@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -73,6 +74,8 @@ class Cluster:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
         if self.log_dir:
+            env.setdefault("MOTOR_ENGINE_LOG_DIR", os.path.join(self.log_dir, "engines"))
+        if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
             out = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
             self._logs.append(out)
@@ -83,7 +86,41 @@ class Cluster:
         logger.info("started %s (pid %d)", name, p.pid)
         self.procs.append((name, p))
 
+    def busy_ports(self) -> list[str]:
+        """Ports of this config, on this machine, that something already listens on."""
+        wanted: list[tuple[str, int, str]] = [
+            (self.cfg.controller.host, self.cfg.controller.port, "controller.port"),
+            (self.cfg.coordinator.host, self.cfg.coordinator.port, "coordinator.port")]
+        for i, n in enumerate(self.cfg.nodes):
+            for j, e in enumerate(n.engines):
+                wanted += [(e.host, e.base_port + k, f"nodes[{i}].engines[{j}].base_port"
+                            + (f"+{k}" if k else "")) for k in range(e.count * e.dp_size)]
+        busy = []
+        for host, port, field in wanted:
+            if host not in ("127.0.0.1", "localhost", "0.0.0.0", "::1"):
+                continue  # another machine's port: not ours to check
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1" if host in ("localhost", "::1") else host, port))
+                except OSError:
+                    busy.append(f"{field} = {port} on {host}")
+        return busy
+
     def start(self) -> None:
+        """Start every component.
+
+        Raises
+        ------
+        ConfigError
+            when a port of the config is already in use on this machine (another cluster,
+            another server): motor would otherwise probe and route to whatever listens there.
+        """
+        busy = self.busy_ports()
+        if busy:
+            raise ConfigError("these ports of the config are already in use on this machine "
+                              "(stop what listens there or choose other ports with -c): "
+                              + "; ".join(busy))
         self._spawn("controller", ["controller", "-c", self.config_path])
         for node in self.cfg.nodes:
             self._spawn(f"node-{node.name}", ["node-manager", "-c", self.config_path,
@@ -116,24 +153,29 @@ class Cluster:
         return False
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM every component (coordinator first, controller last), SIGKILL stragglers."""
-        for name, p in reversed(self.procs):
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+        """Stop in reverse order of start: the coordinator, then the node managers (which stop
+        their engines and deregister), then the controller; SIGTERM to each process group,
+        SIGKILL after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        for name, p in reversed(self.procs):
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                logger.warning("%s did not stop in time: SIGKILL", name)
+        controller = [(n, p) for n, p in self.procs if n == "controller"]
+        others = [(n, p) for n, p in reversed(self.procs) if n != "controller"]
+        for batch in (others, controller):
+            for name, p in batch:
+                if p.poll() is None:
+                    try:
+                        os.killpg(p.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+            for name, p in batch:
                 try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
+                    p.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    logger.warning("%s did not stop in time: SIGKILL", name)
+                    try:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    p.wait()
         self.procs.clear()
         for f in self._logs:
             f.close()  # type: ignore[attr-defined]
@@ -150,15 +192,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="without -c: which embedded cluster (union engines, or prefill + decode "
                         "engines with vLLM's prefill-first handshake)")
     p.add_argument("--port", type=int, help="coordinator port (overrides coordinator.port)")
-    p.add_argument("--log-dir", help="write each component's log to DIR/<component>.log "
+    p.add_argument("--log-dir", help="write each component's log to DIR/<component>.log (engines' "
+                                     "logs to DIR/engines) "
                                      "instead of this terminal")
     p.add_argument("--ready-timeout", type=float, default=120.0,
                    help="seconds to wait for every engine to be routable")
 
 
 def load_for_cli(args: argparse.Namespace) -> ClusterConfig:
+    """The config of ``-c`` (or the embedded one) with command-line overrides.
+
+    Raises
+    ------
+    ConfigError
+        also when the config has no engine to run (an empty file would start nothing).
+    """
     cfg = load_config(args.config) if args.config else \
         load_default_config(getattr(args, "mode", None) or "union")
+    if not any(n.engines for n in cfg.nodes):
+        raise ConfigError(f"invalid config {args.config}: nodes is expected to hold at least one "
+                          f"node with at least one engine, got "
+                          f"{len(cfg.nodes)} node(s) and no engine")
     if getattr(args, "port", None):
         data = cfg.model_dump(mode="json")
         data["coordinator"]["port"] = args.port
@@ -181,7 +235,11 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     cluster = Cluster(cfg, args.log_dir)
     try:
-        cluster.start()
+        try:
+            cluster.start()
+        except ConfigError as e:
+            print(f"motor up: {e}", file=sys.stderr)
+            return 2
         if not cluster.wait_ready(args.ready_timeout, should_stop=lambda: stopping["flag"]):
             if not stopping["flag"]:
                 print(f"motor up: the cluster did not become ready within {args.ready_timeout:g} s",

@@ -35,6 +35,10 @@ def _format(err: ValidationError, source: str) -> str:
         if len(got_s) > 80:
             got_s = got_s[:77] + "..."
         msg = e["msg"]
+        if not e["loc"] and e["type"] == "value_error":
+            # a check across fields: its message starts with the field it names
+            lines.append("  " + msg.removeprefix("Value error, "))
+            continue
         if e["type"] == "extra_forbidden":
             msg = "unknown field (expected one of the documented keys)"
         elif e["type"] == "missing":

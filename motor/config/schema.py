@@ -371,18 +371,39 @@ class ClusterConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterConfig":
-        names = [n.name for n in self.nodes]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            raise ValueError(f"node names must be unique, got {sorted(dup)} more than once")
-        ports: dict[tuple[str, int], str] = {}
-        for n in self.nodes:
-            for e in n.engines:
-                for i in range(e.count * e.dp_size):
-                    key = (e.host, e.base_port + i)
-                    where = f"nodes[{n.name}].engines[{e.name}]"
-                    if key in ports and ports[key] != where:
-                        raise ValueError(
-                            f"port {key[1]} on {key[0]} is used by both {ports[key]} and {where}")
-                    ports[key] = where
+        for i, n in enumerate(self.nodes):
+            for j, m in enumerate(self.nodes[:i]):
+                if m.name == n.name:
+                    raise ValueError(f"nodes[{i}].name: node names must be unique, got {n.name!r} "
+                                     f"again (also nodes[{j}].name)")
+        # every port motor opens on a host: no two listeners may share one
+        taken: dict[tuple[str, int], str] = {}
+
+        def claim(host: str, port: int, field: str) -> None:
+            if not 1 <= port <= 65535:
+                raise ValueError(f"{field}: port is expected in 1..65535, got {port}")
+            h = "127.0.0.1" if host in ("localhost", "::1") else host
+            for (oh, op), other in taken.items():
+                if op == port and (oh == h or "0.0.0.0" in (oh, h)):
+                    raise ValueError(f"{field}: port {port} on {host} is expected to be free, "
+                                     f"got it also used by {other}")
+            taken[(h, port)] = field
+
+        claim(self.controller.host, self.controller.port, "controller.port")
+        c = self.coordinator
+        claim(c.host, c.port, "coordinator.port")
+        mgmt = getattr(c, "management_port", None)
+        if mgmt:
+            claim(c.host, mgmt, "coordinator.management_port")
+        for i, n in enumerate(self.nodes):
+            nm = getattr(n, "mgmt_port", None)
+            if nm:
+                claim(n.host, nm, f"nodes[{i}].mgmt_port")
+            for j, e in enumerate(n.engines):
+                for k in range(e.count * e.dp_size):
+                    inst, rank = divmod(k, e.dp_size)
+                    what = f"nodes[{i}].engines[{j}].base_port" + (
+                        f" (instance {inst}" + (f", DP rank {rank})" if e.dp_size > 1 else ")")
+                        if k else "")
+                    claim(e.host, e.base_port + k, what)
         return self

@@ -63,3 +63,24 @@ nodes:
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
+
+
+def test_up_refuses_ports_in_use_and_empty_configs(tmp_path):
+    ctl, gw = free_ports(2)
+    base, _ = free_ports(2, consecutive=True)
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(f"controller: {{port: {ctl}}}\ncoordinator: {{port: {gw}}}\nnodes:\n  - name: n0\n"
+                   f"    engines: [{{name: sim, kind: sim, model: motor-sim, count: 2, base_port: {base}}}]\n")
+    with socket.socket() as squat:  # someone else's server on the second engine's port
+        squat.bind(("127.0.0.1", base + 1))
+        squat.listen()
+        r = subprocess.run([sys.executable, "-m", "motor", "up", "-c", str(cfg)],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert f"nodes[0].engines[0].base_port+1 = {base + 1}" in r.stderr
+    assert pids_matching("motor", "--port", str(base)) == []
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    r = subprocess.run([sys.executable, "-m", "motor", "up", "-c", str(empty)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "at least one engine" in r.stderr
