@@ -235,6 +235,11 @@ class CoordinatorConfig(_Strict):
     failover: FailoverConfig = Field(default_factory=FailoverConfig)
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024,
                                 description="largest accepted request body (bytes)")
+    request_read_timeout_s: float = Field(
+        30.0, gt=0, description="a client must send a request's headers and body within this "
+                                "long, else 408 and the connection is closed (slow clients)")
+    keepalive_timeout_s: float = Field(
+        75.0, gt=0, description="an idle client keep-alive connection is closed after this long")
     max_connections_per_endpoint: int = Field(
         1024, ge=1, description="cap of pooled upstream connections per engine endpoint")
     health_check_interval_s: float = Field(

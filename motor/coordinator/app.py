@@ -99,7 +99,9 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
         logger.info("coordinator worker %d synced with the feed (%d slot(s))", worker_index,
                     len(link.slots))
 
-    server = HttpServer(coord.router, max_body_bytes=c.max_body_bytes)
+    server = HttpServer(coord.router, max_body_bytes=c.max_body_bytes,
+                        request_read_timeout_s=c.request_read_timeout_s,
+                        keepalive_timeout_s=c.keepalive_timeout_s)
     port = await server.listen(c.host, c.port, reuse_port=reuse_port)
     mode = "standalone, %d backend(s)" % len(backends) if backends else \
         f"following controller {controller_url or cfg.controller.url}"

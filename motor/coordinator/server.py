@@ -280,7 +280,7 @@ class Coordinator:
         for k, v in req.headers:
             if k in _FORWARD_HEADERS:
                 self.upstream_auth(fwd, k, v)
-            elif k == b"x-request-id":
+            elif k == b"x-request-id" and v:  # an empty id is made up like a missing one
                 rid = v
                 if len(v) > _MAX_REQUEST_ID_BYTES:
                     self._fail(route, resp, 400, f"x-request-id is expected to be at most "

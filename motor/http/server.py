@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections import deque
 from http import HTTPStatus
 from typing import Awaitable, Callable, Iterable
@@ -61,10 +62,11 @@ class Request:
         The whole body (bounded by the server's ``max_body_bytes``).
     """
 
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "peer")
+    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "peer", "http10")
 
     def __init__(self, method: bytes, path: str, query: str, headers: list[tuple[bytes, bytes]],
-                 body: bytes, keep_alive: bool, peer: object) -> None:
+                 body: bytes, keep_alive: bool, peer: object, http10: bool = False) -> None:
+        self.http10 = http10
         self.method = method
         self.path = path
         self.query = query
@@ -87,10 +89,11 @@ class Request:
 class Response:
     """The answer to one request; exactly one of ``send`` or ``start``..``end`` is used."""
 
-    __slots__ = ("_proto", "started", "finished", "status", "_chunked", "keep_alive")
+    __slots__ = ("_proto", "started", "finished", "status", "_chunked", "keep_alive", "http10")
 
-    def __init__(self, proto: "HttpProtocol", keep_alive: bool) -> None:
+    def __init__(self, proto: "HttpProtocol", keep_alive: bool, http10: bool = False) -> None:
         self._proto = proto
+        self.http10 = http10
         self.started = False
         self.finished = False
         self.status = 0
@@ -126,9 +129,15 @@ class Response:
             raise RuntimeError("response already started")
         self.started = True
         self.status = status
-        self._chunked = True
-        parts = [status_line(status), b"content-type: ", content_type,
-                 b"\r\ntransfer-encoding: chunked\r\n"]
+        if self.http10:
+            # an HTTP/1.0 client knows no chunked encoding: the body ends when we close
+            self._chunked = False
+            self.keep_alive = False
+            parts = [status_line(status), b"content-type: ", content_type, b"\r\n"]
+        else:
+            self._chunked = True
+            parts = [status_line(status), b"content-type: ", content_type,
+                     b"\r\ntransfer-encoding: chunked\r\n"]
         if content_type == b"text/event-stream":
             parts.append(b"cache-control: no-cache\r\n")
         for k, v in headers:
@@ -141,7 +150,10 @@ class Response:
     def write(self, data: bytes) -> None:
         """Send one chunk at once (never buffered). Empty data is ignored."""
         if data:
-            self._proto.write(b"%x\r\n%b\r\n" % (len(data), data))
+            if self._chunked:
+                self._proto.write(b"%x\r\n%b\r\n" % (len(data), data))
+            else:
+                self._proto.write(data)
 
     async def drain(self) -> None:
         """Wait while the client's socket buffer is full."""
@@ -152,7 +164,10 @@ class Response:
         if self.finished:
             return
         self.finished = True
-        if data:
+        if not self._chunked:
+            if data:
+                self._proto.write(data)
+        elif data:
             self._proto.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
         else:
             self._proto.write(b"0\r\n\r\n")
@@ -169,6 +184,7 @@ class HttpProtocol(asyncio.Protocol):
 
     __slots__ = ("_server", "_transport", "_parser", "_url", "_headers", "_body", "_body_len",
                  "_queue", "_task", "closed", "_paused", "_drain_waiter", "_peer", "_rejected",
+                 "deadline", "_reading",
                  "_current")
 
     def __init__(self, server: "HttpServer") -> None:
@@ -187,6 +203,10 @@ class HttpProtocol(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self._peer: object = None
         self._rejected = False
+        #: loop time after which the server's sweeper closes this connection (0 = none):
+        #: reading one request (headers + body) or waiting idle for the next one
+        self.deadline = 0.0
+        self._reading = False
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -199,6 +219,7 @@ class HttpProtocol(asyncio.Protocol):
             except OSError:
                 pass
         self._server.connections.add(self)
+        self.deadline = self._server.loop_time() + self._server.keepalive_timeout_s
 
     def data_received(self, data: bytes) -> None:
         if self._rejected:
@@ -230,6 +251,8 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- httptools callbacks ------------------------------------------------
     def on_message_begin(self) -> None:
+        self.deadline = self._server.loop_time() + self._server.request_read_timeout_s
+        self._reading = True
         self._url = b""
         self._headers = []
         self._body = []
@@ -266,6 +289,8 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self._rejected:
             return
+        self.deadline = 0.0  # a handler runs: no read deadline until it answered
+        self._reading = False
         url = self._url
         q = url.find(b"?")
         if q >= 0:
@@ -274,7 +299,8 @@ class HttpProtocol(asyncio.Protocol):
             path, query = url.decode("latin-1"), ""
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         req = Request(self._parser.get_method(), path, query, self._headers, body,
-                      self._parser.should_keep_alive(), self._peer)
+                      self._parser.should_keep_alive(), self._peer,
+                      self._parser.get_http_version() == "1.0")
         if self._task is None:
             self._start(req)
         else:
@@ -284,7 +310,7 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- internals ----------------------------------------------------------
     def _start(self, req: Request) -> None:
-        resp = Response(self, req.keep_alive and not self._server.draining)
+        resp = Response(self, req.keep_alive and not self._server.draining, req.http10)
         self._current = resp
         self._server.inflight += 1
         self._task = asyncio.ensure_future(self._run(req, resp))
@@ -319,6 +345,8 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self._queue and not self.closed:
             self._start(self._queue.popleft())
+        else:
+            self.deadline = self._server.loop_time() + self._server.keepalive_timeout_s
 
     def _reject(self, status: int, message: str) -> None:
         """Answer an unparseable / oversized request and close the connection."""
@@ -331,6 +359,15 @@ class HttpProtocol(asyncio.Protocol):
                                   b"content-length: " + str(len(body)).encode() +
                                   b"\r\nconnection: close\r\n\r\n" + body)
         self.close()
+
+    def timed_out(self) -> None:
+        """Called by the sweeper when :attr:`deadline` passed."""
+        self.deadline = 0.0
+        if self._reading:
+            self._reject(408, f"request not received in full within "
+                              f"{self._server.request_read_timeout_s:g} s")
+        else:
+            self.close()
 
     def write(self, data: bytes) -> None:
         if not self.closed and self._transport is not None:
@@ -367,9 +404,14 @@ class HttpServer:
         Larger request bodies get 413 with an OpenAI error body.
     """
 
-    def __init__(self, handler: Handler, max_body_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, handler: Handler, max_body_bytes: int = 64 * 1024 * 1024,
+                 request_read_timeout_s: float = 30.0, keepalive_timeout_s: float = 75.0) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self.request_read_timeout_s = request_read_timeout_s
+        self.keepalive_timeout_s = keepalive_timeout_s
+        self._sweeper: asyncio.Task[None] | None = None
+        self.loop_time = time.monotonic
         self.connections: set[HttpProtocol] = set()
         self.inflight = 0
         self.draining = False
@@ -386,11 +428,28 @@ class HttpServer:
                                            reuse_address=True, reuse_port=reuse_port or None,
                                            backlog=backlog)
         self._servers.append(srv)
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep())
         return int(srv.sockets[0].getsockname()[1])
+
+    async def _sweep(self) -> None:
+        """Close connections past their deadline: a request whose headers and body did not arrive
+        within ``request_read_timeout_s`` gets 408; an idle keep-alive connection silent for
+        ``keepalive_timeout_s`` is closed (slow or abandoned clients never hold sockets forever)."""
+        step = min(1.0, self.request_read_timeout_s / 4, self.keepalive_timeout_s / 4)
+        while True:
+            await asyncio.sleep(step)
+            now = self.loop_time()
+            for c in list(self.connections):
+                if c.deadline and now > c.deadline:
+                    c.timed_out()
 
     async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
         """Stop accepting, wait up to ``drain_timeout_s`` for in-flight requests, close the rest."""
         self.draining = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for s in self._servers:
             s.close()
         loop = asyncio.get_running_loop()

@@ -265,3 +265,14 @@ async def test_models_aggregated_and_readiness():
     finally:
         probe.close()
         await teardown(fbs, gw)
+
+
+@run_async
+async def test_empty_request_id_is_replaced_by_a_made_up_one():
+    fbs, gw = await setup(1)
+    try:
+        st, h, _ = await http(gw.port, "POST", "/v1/chat/completions", CHAT, {"x-request-id": ""})
+        assert st == 200 and len(h["x-request-id"]) >= 16
+        assert fbs[0].log[0].headers["x-request-id"] == h["x-request-id"]
+    finally:
+        await teardown(fbs, gw)

@@ -195,3 +195,43 @@ async def test_pool_cap_queues_callers():
     finally:
         pool.close()
         await srv.shutdown(1)
+
+
+@run_async
+async def test_slow_partial_request_gets_408_and_idle_keepalive_is_closed():
+    r = Router()
+
+    @r.get("/x")
+    async def x(req, resp):
+        resp.send(200, b"ok")
+    srv = HttpServer(r, request_read_timeout_s=0.3, keepalive_timeout_s=0.5)
+    port = await srv.listen("127.0.0.1", 0)
+    try:
+        # headers never finished (slowloris)
+        rd, wr = await asyncio.open_connection("127.0.0.1", port)
+        wr.write(b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nabcd")
+        out = await asyncio.wait_for(rd.read(-1), 5)
+        assert out.startswith(b"HTTP/1.1 408")
+        assert orjson.loads(out.split(b"\r\n\r\n", 1)[1])["error"]["code"] == 408
+        wr.close()
+        # a keep-alive connection that answered, then stays silent, is closed
+        rd, wr = await asyncio.open_connection("127.0.0.1", port)
+        wr.write(b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n")
+        out = await asyncio.wait_for(rd.read(-1), 5)
+        assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"ok")
+        wr.close()
+        assert not srv.connections or all(c.closed for c in srv.connections)
+    finally:
+        await srv.shutdown(1)
+
+
+@run_async
+async def test_http10_client_gets_an_unframed_stream():
+    srv, port, _ = await make_server()
+    try:
+        out = await raw(port, b"GET /stream?n=2 HTTP/1.0\r\nhost: x\r\n\r\n")
+        head, _, body = out.partition(b"\r\n\r\n")
+        assert b"transfer-encoding" not in head.lower()
+        assert body == b"data: 0\n\ndata: 1\n\ndata: [DONE]\n\n"
+    finally:
+        await srv.shutdown(1)
