@@ -39,7 +39,7 @@ from motor.protocol.instances import (EngineHealth, Heartbeat, NodeRegistration,
                                       VirtualInferenceStatus)
 
 #: worst first: the instance's state in heartbeats is its worst process's
-_SEVERITY = [ProcState.FAILED, ProcState.BACKOFF, ProcState.UNHEALTHY, ProcState.STARTING,
+_SEVERITY = [ProcState.FAILED, ProcState.PORT_BUSY, ProcState.BACKOFF, ProcState.UNHEALTHY, ProcState.STARTING,
              ProcState.STOPPED, ProcState.READY]
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,8 @@ class EngineInstance:
 
     @property
     def failed(self) -> bool:
-        return any(p.failed for p in self.processes)
+        """Sent in heartbeats' ``failed``: gave up, or not launched because its port is busy."""
+        return any(p.failed or p.port_busy for p in self.processes)
 
     @property
     def reason(self) -> str | None:
@@ -176,7 +177,7 @@ class NodeAgent:
         self.npu.start()  # says once whether npu-smi is there
         for plan in self.plans:
             procs = [EngineProcess(spec, plan.engine, self.log_dir, self.client,
-                                   on_change=self._dirty.set, npu=self.npu)
+                                   on_change=self._dirty.set, npu=self.npu, instance=plan.id)
                      for spec in plan.processes]
             self.instances.append(EngineInstance(plan, procs))
         for inst in self.instances:

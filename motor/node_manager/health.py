@@ -44,11 +44,15 @@ class HealthProbe:
     interval_s, timeout_s : poll period and per-probe timeout
     failures_to_unhealthy : consecutive failures that turn a healthy engine unhealthy
     on_change : called with the new value whenever ``healthy`` flips
+    alive : callable returning whether the engine process behind the endpoint is alive; a
+        probe made while it is not is ignored (neither a success nor a failure): a 200 from
+        whatever else listens on the port must not make a dead engine healthy
     """
 
     def __init__(self, client: Client, host: str, port: int, path: str = "/health",
                  interval_s: float = 0.5, timeout_s: float = 2.0, failures_to_unhealthy: int = 3,
-                 on_change: Callable[[bool], None] | None = None, name: str = "") -> None:
+                 on_change: Callable[[bool], None] | None = None, name: str = "",
+                 alive: Callable[[], bool] | None = None) -> None:
         self.client = client
         self.host = host
         self.port = port
@@ -57,6 +61,7 @@ class HealthProbe:
         self.timeout_s = timeout_s
         self.failures_to_unhealthy = max(1, failures_to_unhealthy)
         self.on_change = on_change
+        self.alive = alive
         self.name = name or f"{host}:{port}"
         self.healthy = False
         self.ever_healthy = False
@@ -96,6 +101,10 @@ class HealthProbe:
         """Probe every ``interval_s`` until cancelled."""
         while True:
             ok = await self.probe_once()
+            if self.alive is not None and not self.alive():
+                # whatever answered, it was not our engine: ignore the result
+                await asyncio.sleep(self.interval_s)
+                continue
             if ok:
                 self.failures = 0
                 self._set(True)

@@ -12,6 +12,14 @@ was healthy. An engine that is not healthy within ``startup_timeout_s`` is stopp
 as a failed start. After ``max_restarts`` restarts within ``window_s`` the supervisor gives
 up: the process is ``failed`` (reported unhealthy to the controller, error in the log).
 
+Ports: before each (re)start the engine's port on its host must be free (a test bind with
+``SO_REUSEADDR``). When another process listens there, the engine is not launched (it would
+die with EADDRINUSE while ``/health`` reached the foreign server): the process is
+``port_busy`` (reported unhealthy and in ``failed``, with the reason, error in the log once)
+and the port is checked again with the restart backoff, so the engine starts once the port is
+freed. Such checks are not restarts (no ``max_restarts``, no restart policy: nothing ran).
+A ``/health`` answer counts only while the launched engine process is alive.
+
 Stopping (and cleaning up after an engine that exited by itself): SIGTERM to the group ->
 wait up to ``stop_timeout_s`` for the leader to exit and the group to be empty -> SIGKILL
 to the group.
@@ -27,9 +35,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import errno
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -53,6 +63,7 @@ class ProcState(str, enum.Enum):
     UNHEALTHY = "unhealthy" #: was healthy, health probes fail now
     BACKOFF = "backoff"     #: exited; waiting to restart
     FAILED = "failed"       #: gave up (restart limit, policy), nothing runs
+    PORT_BUSY = "port_busy" #: not launched: another process listens on the engine's port
     STOPPED = "stopped"     #: stopped by the node manager
 
 
@@ -88,6 +99,59 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another socket already listens on ``host:port``.
+
+    Binds a test socket with ``SO_REUSEADDR`` (so connections in TIME_WAIT do not count) on
+    every address ``host`` resolves to and closes it at once; ``EADDRINUSE`` on any of them
+    = in use. Other errors (a name that does not resolve, an address that is not local, ...)
+    are not "in use": the engine meets them itself.
+    """
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError, OverflowError):
+        return False
+    for family, type_, proto, _, addr in infos:
+        try:
+            s = socket.socket(family, type_, proto)
+        except OSError:
+            continue
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return True
+        finally:
+            s.close()
+    return False
+
+
+def port_busy_message(host: str, port: int) -> str:
+    return f"port {port} on {host} is already in use by another process"
+
+
+_HAVE_PROC = os.path.exists("/proc/self/stat")
+
+
+def process_alive(proc: asyncio.subprocess.Process) -> bool:
+    """Whether ``proc`` is running (not exited, not a zombie waiting to be reaped)."""
+    if proc.returncode is not None:
+        return False
+    if not _HAVE_PROC:
+        return True
+    try:
+        with open(f"/proc/{proc.pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    rest = stat[stat.rfind(b")") + 2:].split()
+    return not rest or rest[0] != b"Z"
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -170,13 +234,17 @@ class EngineProcess:
         used for health probes.
     on_change : callable
         called (no argument) whenever :attr:`state` or health changes.
+    instance : str
+        the instance id (``<node>/<engine>/<i>``) for log messages; default the
+        ``MOTOR_INSTANCE_ID`` of the process's env, else its name.
     """
 
     def __init__(self, spec: ProcessSpec, engine: EngineConfig, log_dir: str, client: Client,
                  on_change: Callable[[], None] | None = None,
                  log_max_bytes: int = LOG_MAX_BYTES, clock: Callable[[], float] = time.monotonic,
-                 npu: NpuMonitor | None = None) -> None:
+                 npu: NpuMonitor | None = None, instance: str | None = None) -> None:
         self.spec = spec
+        self.instance = instance or spec.env.get("MOTOR_INSTANCE_ID") or spec.name
         self.engine = engine
         self.client = client
         self.on_change = on_change
@@ -194,6 +262,9 @@ class EngineProcess:
         self._start_timed_out = False
         self.restarts = 0
         self.last_exit: int | None = None
+        #: an engine run ended other than by a stop request (crash, exit, start-up timeout,
+        #: could not be spawned): its log is worth keeping
+        self.had_failure = False
         self._restart_times: collections.deque[float] = collections.deque()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -215,6 +286,10 @@ class EngineProcess:
     @property
     def failed(self) -> bool:
         return self.state is ProcState.FAILED
+
+    @property
+    def port_busy(self) -> bool:
+        return self.state is ProcState.PORT_BUSY
 
     @property
     def http_healthy(self) -> bool:
@@ -312,9 +387,12 @@ class EngineProcess:
         stop_wait = asyncio.create_task(self._stop.wait())
         try:
             while not self._stop.is_set():
+                if not await self._wait_for_port(stop_wait):
+                    break  # stop requested while the port was busy
                 exit_reason, rc, was_healthy = await self._run_once(stop_wait)
                 if self._stop.is_set():
                     break
+                self.had_failure = True
                 self.last_exit = rc
                 if was_healthy:
                     consecutive = 0
@@ -354,6 +432,33 @@ class EngineProcess:
                 self._set(ProcState.STOPPED, "stopped by the node manager"
                           if self._stop.is_set() else self.reason)
 
+    async def _wait_for_port(self, stop_wait: asyncio.Task[bool]) -> bool:
+        """Return once the engine's port is free (True), or on a stop request (False).
+
+        While another process listens there the engine is not launched: state ``port_busy``
+        with the reason, an error in the log once, checks again with the restart backoff.
+        """
+        ep = self.spec.endpoint
+        rcfg = self.engine.restart
+        checks = 0
+        while port_in_use(ep.host, ep.port):
+            checks += 1
+            msg = port_busy_message(ep.host, ep.port)
+            if checks == 1:
+                logger.error("engine %s (instance %s): %s; not starting it (checking again with "
+                             "backoff until the port is free)", self.name, self.instance, msg)
+            self._set(ProcState.PORT_BUSY, f"{msg}; engine not started")
+            delay = backoff_delay(checks, rcfg.backoff_initial_s, rcfg.backoff_max_s)
+            try:
+                await asyncio.wait_for(asyncio.shield(stop_wait), delay)
+                return False
+            except asyncio.TimeoutError:
+                pass
+        if checks:
+            logger.info("engine %s (instance %s): port %d on %s is free now: starting it",
+                        self.name, self.instance, ep.port, ep.host)
+        return not self._stop.is_set()
+
     async def _run_once(self, stop_wait: asyncio.Task[bool]) -> tuple[str, int | None, bool]:
         """Run the engine once; returns (why it ended, exit status, was it ever healthy)."""
         self._start_timed_out = False
@@ -368,7 +473,8 @@ class EngineProcess:
         ep = self.spec.endpoint
         probe = self.probe = HealthProbe(
             self.client, ep.host, ep.port, self.spec.health_path, self.engine.health_interval_s,
-            self.engine.health_timeout_s, on_change=self._on_health, name=self.name)
+            self.engine.health_timeout_s, on_change=self._on_health, name=self.name,
+            alive=lambda: process_alive(proc))
         self.vi = self._make_vi()
         self._vi_task = None
         probe_task = asyncio.create_task(probe.run())

@@ -65,3 +65,46 @@ def test_agent_lifecycle_with_controller_down_then_restarted(tmp_path: Path,
     outage_logs = [r for r in caplog.records if "logged once per outage" in r.getMessage()]
     # once per outage: the start-up outage (the restart may or may not fall between two beats)
     assert 1 <= len(outage_logs) <= 2
+
+
+def test_busy_engine_port_reported_unhealthy_then_recovers(tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """Another process on an engine's port: not launched, failed + reason at the controller,
+    never ready through the foreign server; once the port is freed the engine starts."""
+    caplog.set_level(logging.INFO)
+
+    async def go() -> None:
+        from motor.http import HttpServer
+        foreign_requests = 0
+
+        async def handle(req: object, resp: object) -> None:
+            nonlocal foreign_requests
+            foreign_requests += 1
+            resp.send(200, b"{}")  # type: ignore[attr-defined]
+        cfg = node_cfg(tmp_path, count=1)
+        port = cfg.engines[0].base_port
+        foreign = HttpServer(handle)
+        await foreign.listen("127.0.0.1", port)
+        cport = free_ports()
+        srv = ControllerServer(ControllerConfig(port=cport))
+        await srv.start(port=cport)
+        agent = NodeAgent(cfg, f"http://127.0.0.1:{cport}", heartbeat_interval_s=0.1)
+        await agent.start()
+        msg = f"port {port} on 127.0.0.1 is already in use by another process"
+        await await_until(lambda: states(srv) == {"n1/fake/0": S.UNHEALTHY}, what="unhealthy")
+        inst = srv.registry.table().instances[0]
+        assert msg in inst.reason
+        hb = agent.heartbeat()
+        assert hb.health == {"n1/fake/0": False} and hb.failed == ["n1/fake/0"]
+        assert msg in hb.reasons["n1/fake/0"]
+        assert hb.engines["n1/fake/0"].state == "port_busy"
+        assert foreign_requests == 0
+        assert agent.instances[0].processes[0].pid is None
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert any("n1/fake/0" in m and msg in m for m in errors), errors
+        await foreign.shutdown(drain_timeout_s=0.1)
+        await await_until(lambda: states(srv) == {"n1/fake/0": S.READY}, what="ready")
+        assert foreign_requests == 0
+        await agent.stop()
+        await srv.stop()
+    run_uvloop(go())

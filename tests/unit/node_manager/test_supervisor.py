@@ -11,8 +11,9 @@ from motor.config.schema import EngineConfig
 from motor.http import Client
 from motor.node_manager.engines import ProcessSpec
 from motor.node_manager.engines.sim import SimBackend
+from motor.node_manager.health import HealthProbe
 from motor.node_manager.supervisor import (EngineProcess, ProcState, backoff_delay, group_alive,
-                                           rotate_log)
+                                           port_in_use, process_alive, rotate_log)
 from motor.protocol.instances import Endpoint
 
 from .helpers import FAKE_LAUNCHER, await_until, free_ports, pid_alive, read_pid, run_uvloop
@@ -190,4 +191,139 @@ def test_crash_leftover_children_are_killed_before_restart(tmp_path: Path) -> No
         await ep.stop()
         assert not pid_alive(child2)
         client.close()
+    run_uvloop(go())
+
+
+class _Foreign:
+    """Someone else's HTTP server on a port: answers 200 to everything, counts the requests."""
+
+    def __init__(self) -> None:
+        from motor.http import HttpServer
+        self.requests = 0
+
+        async def handle(req: Any, resp: Any) -> None:
+            self.requests += 1
+            resp.send(200, b'{"foreign": true}')
+        self.http = HttpServer(handle)
+
+    async def listen(self, port: int) -> None:
+        await self.http.listen("127.0.0.1", port)
+
+    async def close(self) -> None:
+        await self.http.shutdown(drain_timeout_s=0.1)
+
+
+def test_port_in_use(tmp_path: Path) -> None:
+    async def go() -> None:
+        port = free_ports()
+        assert not port_in_use("127.0.0.1", port)
+        foreign = _Foreign()
+        await foreign.listen(port)
+        assert port_in_use("127.0.0.1", port)
+        assert port_in_use("0.0.0.0", port)  # a wildcard bind conflicts too
+        await foreign.close()
+        assert not port_in_use("127.0.0.1", port)
+    run_uvloop(go())
+
+
+def test_busy_port_not_launched_reported_then_starts_when_freed(tmp_path: Path) -> None:
+    async def go() -> None:
+        ep, client = make(tmp_path)
+        port = ep.spec.endpoint.port
+        foreign = _Foreign()
+        await foreign.listen(port)
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.PORT_BUSY, what="port busy")
+        assert ep.port_busy and not ep.healthy and not ep.failed
+        assert f"port {port} on 127.0.0.1 is already in use by another process" in (ep.reason or "")
+        # a few more checks with the backoff: still not launched, nothing probed the foreign server
+        await asyncio.sleep(0.3)
+        assert ep.state is ProcState.PORT_BUSY
+        assert ep.proc is None and ep.pid is None and ep.probe is None
+        assert not os.path.exists(ep.log_path)
+        assert foreign.requests == 0
+        assert ep.restarts == 0
+        await foreign.close()
+        await await_until(lambda: ep.state is ProcState.READY, what="ready once the port is free")
+        assert ep.pid is not None and ep.restarts == 0 and foreign.requests == 0
+        await ep.stop()
+        assert ep.state is ProcState.STOPPED
+        client.close()
+    run_uvloop(go())
+
+
+def test_busy_port_before_a_restart(tmp_path: Path) -> None:
+    """The port is checked again before each restart: a crash + a squatter = not relaunched."""
+    async def go() -> None:
+        ep, client = make(tmp_path, restart={"backoff_initial_s": 0.3, "backoff_max_s": 0.3})
+        port = ep.spec.endpoint.port
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.READY, what="ready")
+        pid = ep.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await await_until(lambda: ep.state is ProcState.BACKOFF, what="backoff")
+        foreign = _Foreign()
+        await foreign.listen(port)  # someone takes the port while the engine is down
+        await await_until(lambda: ep.state is ProcState.PORT_BUSY, what="port busy")
+        assert ep.pid is None and foreign.requests == 0
+        await foreign.close()
+        await await_until(lambda: ep.state is ProcState.READY, what="ready again")
+        assert ep.pid != pid
+        await ep.stop()
+        client.close()
+    run_uvloop(go())
+
+
+def test_stop_while_port_busy(tmp_path: Path) -> None:
+    async def go() -> None:
+        ep, client = make(tmp_path)
+        foreign = _Foreign()
+        await foreign.listen(ep.spec.endpoint.port)
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.PORT_BUSY, what="port busy")
+        await ep.stop()
+        assert ep.state is ProcState.STOPPED and ep.proc is None
+        await foreign.close()
+        client.close()
+    run_uvloop(go())
+
+
+def test_health_probe_ignores_answers_while_the_engine_is_not_alive() -> None:
+    async def go() -> None:
+        port = free_ports()
+        foreign = _Foreign()
+        await foreign.listen(port)
+        client = Client()
+        calls = 0
+        alive = False
+
+        def is_alive() -> bool:
+            nonlocal calls
+            calls += 1
+            return alive
+        probe = HealthProbe(client, "127.0.0.1", port, interval_s=0.01, alive=is_alive)
+        task = asyncio.create_task(probe.run())
+        await await_until(lambda: calls >= 5, what="probes")
+        assert foreign.requests >= 5
+        assert not probe.healthy and not probe.ever_healthy
+        alive = True
+        await await_until(lambda: probe.healthy, what="healthy while alive")
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        client.close()
+        await foreign.close()
+    run_uvloop(go())
+
+
+def test_process_alive() -> None:
+    async def go() -> None:
+        proc = await asyncio.create_subprocess_exec("sleep", "30")
+        assert process_alive(proc)
+        proc.kill()
+        await proc.wait()
+        assert not process_alive(proc)
     run_uvloop(go())
