@@ -22,6 +22,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` only where there is a default worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, [], argparse.SUPPRESS) or \
+                (action.help and "default" in action.help) or \
+                any(o.startswith("--no-") for o in action.option_strings):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser; only ``command``'s module is imported (all when ``None``)."""
     parser = argparse.ArgumentParser(
@@ -35,7 +46,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=_HelpFormatter)
         if command is None or command == name:
             importlib.import_module(module).add_arguments(p)
         p.set_defaults(_module=module)

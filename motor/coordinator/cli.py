@@ -74,4 +74,14 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as e:
         print(f"motor coordinator: {e}")
         return 2
+    import socket
+    c = cfg.coordinator
+    with socket.socket(socket.AF_INET6 if ":" in c.host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((c.host, c.port))
+        except OSError as e:
+            print(f"motor coordinator: cannot listen on {c.host}:{c.port} (coordinator.port / "
+                  f"--port): {e.strerror}")
+            return 1
     return run(cfg, args.backend or None, args.controller)
