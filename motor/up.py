@@ -152,6 +152,19 @@ class Cluster:
             time.sleep(0.2)
         return False
 
+    def routable(self) -> int | None:
+        """Endpoints the coordinator routes to now (None if it does not answer)."""
+        try:
+            with urllib.request.urlopen(self.url + "/readiness", timeout=1.0) as r:
+                return int(json.loads(r.read()).get("routable_endpoints", 0))
+        except urllib.error.HTTPError as e:
+            try:
+                return int(json.loads(e.read()).get("routable_endpoints", 0))
+            except (ValueError, OSError):
+                return None
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
     def stop(self, timeout_s: float = 15.0) -> None:
         """Stop in reverse order of start: the coordinator, then the node managers (which stop
         their engines and deregister), then the controller; SIGTERM to each process group,
@@ -249,12 +262,25 @@ def main(args: argparse.Namespace) -> int:
         models = ", ".join(sorted({e.model_name for n in cfg.nodes for e in n.engines}))
         print(f"motor is up: OpenAI API at {cluster.url}/v1 (model: {models}); Ctrl-C stops it",
               flush=True)
+        want = sum(e.count * e.dp_size for n in cfg.nodes for e in n.engines)
+        last = want
+        next_check = time.monotonic() + 2.0
         while not stopping["flag"]:
             dead = [n for n in cluster.dead()]
             if dead:
                 print(f"motor up: component(s) exited: {', '.join(dead)}; stopping",
                       file=sys.stderr)
                 return 1
+            if time.monotonic() >= next_check:
+                # say so when engines drop out of rotation (or come back), instead of staying
+                # silent while requests start failing
+                next_check = time.monotonic() + 2.0
+                n = cluster.routable()
+                if n is not None and n != last:
+                    print(f"motor up: {n} of {want} engine endpoint(s) routable"
+                          + ("" if n == want else f"; see the logs"
+                             + (f" in {args.log_dir}" if args.log_dir else "")), file=sys.stderr)
+                    last = n
             time.sleep(0.2)
         return 0
     finally:

@@ -38,9 +38,13 @@ def parse_backend(spec: str) -> tuple[Role, str, int]:
             raise ConfigError(f"--backend role is expected to be one of "
                               f"{[x.value for x in Role]}, got {r!r} (in {spec!r})") from None
     u = urlsplit(url)
-    if u.scheme != "http" or not u.hostname or u.path not in ("", "/"):
+    try:
+        port = u.port or 80
+    except ValueError:
+        port = -1
+    if u.scheme != "http" or not u.hostname or u.path not in ("", "/") or port < 0:
         raise ConfigError(f"--backend is expected as [ROLE=]http://HOST:PORT, got {spec!r}")
-    return role, u.hostname, u.port or 80
+    return role, u.hostname, port
 
 
 async def serve(cfg: ClusterConfig, backends: list[str] | None = None,

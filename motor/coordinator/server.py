@@ -99,6 +99,14 @@ def _past_prefill(block: bytes) -> bool:
     return False
 
 
+def _json_type(v: object) -> str:
+    """The JSON name of a decoded value's type, for error messages."""
+    if v is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
+
+
 def _is_openai_error(body: bytes) -> bool:
     try:
         obj = orjson.loads(body)
@@ -267,7 +275,7 @@ class Coordinator:
             return
         if not isinstance(body, dict):
             self._fail(route, resp, 400, f"request body is expected to be a JSON object, "
-                                         f"got {type(body).__name__}")
+                                         f"got {_json_type(body)}")
             return
         model = body.get("model")
         if model is not None and not isinstance(model, str):
