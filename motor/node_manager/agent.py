@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -43,6 +44,9 @@ _SEVERITY = [ProcState.FAILED, ProcState.PORT_BUSY, ProcState.BACKOFF, ProcState
              ProcState.STOPPED, ProcState.READY]
 
 logger = logging.getLogger(__name__)
+
+#: engine log directory when neither the caller nor the node config gives one
+ENGINE_LOG_DIR_ENV = "MOTOR_ENGINE_LOG_DIR"
 
 
 class EngineInstance:
@@ -102,7 +106,9 @@ class NodeAgent:
         ``http://host:port`` of the controller.
     heartbeat_interval_s : float
     log_dir : str or None
-        Engine logs; default ``node.log_dir`` or a fresh temp dir.
+        Engine logs; default ``node.log_dir``, else ``$MOTOR_ENGINE_LOG_DIR``, else a fresh
+        temp dir, which :meth:`stop` removes unless an engine failed (then it is kept and its
+        path logged).
     mgmt_host, mgmt_port : management API (``/health``, ``/metrics``, ``/v1/instances``);
         ``mgmt_port=None`` = ``node.mgmt_port`` (None there too = off), 0 = any free port.
     """
@@ -114,7 +120,8 @@ class NodeAgent:
         self.controller_url = controller_url
         self.controller = parse_url(controller_url)
         self.heartbeat_interval_s = heartbeat_interval_s
-        self.log_dir = log_dir or node.log_dir
+        self.log_dir = log_dir or node.log_dir or os.environ.get(ENGINE_LOG_DIR_ENV) or None
+        self._temp_log_dir = False  #: log_dir is a temp dir this agent made (removed on stop)
         self.mgmt_host = mgmt_host or node.host
         self.mgmt_port_wanted = mgmt_port if mgmt_port is not None else node.mgmt_port
         self.mgmt_port: int | None = None
@@ -164,16 +171,21 @@ class NodeAgent:
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> None:
+        if self.mgmt_port_wanted is not None:  # first: a busy port fails before engines start
+            self._http = HttpServer(self._route())
+            try:
+                self.mgmt_port = await self._http.listen(self.mgmt_host, self.mgmt_port_wanted)
+            except OSError as e:
+                self._http = None
+                raise ListenError(self.mgmt_host, self.mgmt_port_wanted, e) from e
+            logger.info("node manager %s: management API on http://%s:%d", self.node.name,
+                        self.mgmt_host, self.mgmt_port)
         if self.log_dir is None:
             self.log_dir = tempfile.mkdtemp(prefix=f"motor-{self.node.name}-logs-")
+            self._temp_log_dir = True
         os.makedirs(self.log_dir, exist_ok=True)
         logger.info("node manager %s: %d instance(s), engine logs in %s, controller %s",
                     self.node.name, len(self.plans), self.log_dir, self.controller_url)
-        if self.mgmt_port_wanted is not None:  # first: a busy port fails before engines start
-            self._http = HttpServer(self._route())
-            self.mgmt_port = await self._http.listen(self.mgmt_host, self.mgmt_port_wanted)
-            logger.info("node manager %s: management API on http://%s:%d", self.node.name,
-                        self.mgmt_host, self.mgmt_port)
         self.npu.start()  # says once whether npu-smi is there
         for plan in self.plans:
             procs = [EngineProcess(spec, plan.engine, self.log_dir, self.client,
@@ -198,6 +210,7 @@ class NodeAgent:
             self._task = None
         await asyncio.gather(*(p.stop() for i in self.instances for p in i.processes))
         await self.npu.stop()
+        self._clean_log_dir()
         if self.registered:
             try:
                 await self._post("/v1/nodes/deregister", {"node": self.node.name},
@@ -210,6 +223,18 @@ class NodeAgent:
             await self._http.shutdown(drain_timeout_s=0.5)
         self.client.close()
         logger.info("node manager %s: stopped", self.node.name)
+
+    def _clean_log_dir(self) -> None:
+        """Remove the temp log dir this agent made, unless an engine failed (then keep it)."""
+        if not self._temp_log_dir or self.log_dir is None:
+            return
+        self._temp_log_dir = False
+        failed = [p.name for i in self.instances for p in i.processes if p.had_failure]
+        if failed:
+            logger.warning("node manager %s: engine logs kept in %s (engine(s) that failed: %s)",
+                           self.node.name, self.log_dir, ", ".join(failed))
+            return
+        shutil.rmtree(self.log_dir, ignore_errors=True)
 
     # ------------------------------------------------------------ controller
     def registration(self) -> NodeRegistration:
@@ -339,6 +364,27 @@ class NodeAgent:
         r.add("GET", "/v1/instances", instances)
         r.add("GET", "/metrics", metrics)
         return r
+
+
+class ListenError(OSError):
+    """The management API could not listen on ``host:port`` (``reason``: e.g. "address already
+    in use")."""
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        self.host = host
+        self.port = port
+        self.reason = bind_error_reason(error)
+        super().__init__(error.errno, f"cannot listen on {host}:{port}: {self.reason}")
+
+
+def bind_error_reason(e: OSError) -> str:
+    """``address already in use`` for EADDRINUSE, ... (the OS's text, lower case)."""
+    if isinstance(e.errno, int) and e.errno > 0:
+        try:
+            return os.strerror(e.errno).lower()
+        except ValueError:
+            pass
+    return str(e) or type(e).__name__
 
 
 class _ControllerRefused(Exception):

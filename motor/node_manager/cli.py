@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "management API)")
     parser.add_argument("--log-dir", metavar="DIR", default=None,
                         help="directory of the engine log files (default: the node's log_dir, "
-                             "else a new temporary directory)")
+                             "else $MOTOR_ENGINE_LOG_DIR, else a new temporary directory, removed "
+                             "on a clean stop unless an engine failed)")
 
 
 def main(args: argparse.Namespace) -> int:

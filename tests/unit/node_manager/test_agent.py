@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,64 @@ def test_busy_engine_port_reported_unhealthy_then_recovers(tmp_path: Path,
         await agent.stop()
         await srv.stop()
     run_uvloop(go())
+
+
+def _cfg_no_log_dir(tmp: Path, **engine: object) -> NodeConfig:
+    base = free_ports()
+    e: dict[str, object] = dict(
+        name="fake", kind="sim", model="m", count=1, base_port=base, launcher=FAKE_LAUNCHER,
+        health_interval_s=0.05, stop_timeout_s=2,
+        restart={"backoff_initial_s": 0.05, "backoff_max_s": 0.2})
+    e.update(engine)
+    return NodeConfig(name="n1", engines=[e])
+
+
+async def _run_agent(cfg: NodeConfig, until: str) -> NodeAgent:
+    cport = free_ports()
+    srv = ControllerServer(ControllerConfig(port=cport))
+    await srv.start(port=cport)
+    agent = NodeAgent(cfg, f"http://127.0.0.1:{cport}", heartbeat_interval_s=0.1)
+    await agent.start()
+    if until == "healthy":
+        await await_until(lambda: all(i.healthy for i in agent.instances), what="healthy")
+    else:
+        await await_until(lambda: all(i.failed for i in agent.instances), what="failed")
+    await agent.stop()
+    await srv.stop()
+    return agent
+
+
+def test_temp_log_dir_removed_on_clean_stop(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MOTOR_ENGINE_LOG_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    agent = run_uvloop(_run_agent(_cfg_no_log_dir(tmp_path), "healthy"))
+    assert agent.log_dir is not None and agent.log_dir.startswith(str(tmp_path / "motor-n1-logs-"))
+    assert not os.path.exists(agent.log_dir)
+
+
+def test_temp_log_dir_kept_when_an_engine_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    monkeypatch.delenv("MOTOR_ENGINE_LOG_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg = _cfg_no_log_dir(tmp_path, engine_config={"exit_after": 0.1},
+                          restart={"policy": "never"})
+    agent = run_uvloop(_run_agent(cfg, "failed"))
+    assert agent.log_dir is not None
+    assert os.path.exists(os.path.join(agent.log_dir, "n1-fake-0.log"))
+    kept = [r.getMessage() for r in caplog.records if "engine logs kept in" in r.getMessage()]
+    assert len(kept) == 1 and agent.log_dir in kept[0] and "n1-fake-0" in kept[0]
+
+
+def test_engine_log_dir_from_the_environment(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    env_dir = tmp_path / "run" / "engines"
+    monkeypatch.setenv("MOTOR_ENGINE_LOG_DIR", str(env_dir))
+    agent = run_uvloop(_run_agent(_cfg_no_log_dir(tmp_path), "healthy"))
+    assert agent.log_dir == str(env_dir)
+    assert os.path.exists(env_dir / "n1-fake-0.log")  # not a temp dir: kept
+    # the node config's log_dir and an explicit log_dir come first
+    assert NodeAgent(node_cfg(tmp_path, 1), "http://127.0.0.1:1").log_dir == str(tmp_path / "logs")
+    assert NodeAgent(_cfg_no_log_dir(tmp_path), "http://127.0.0.1:1",
+                     log_dir=str(tmp_path / "x")).log_dir == str(tmp_path / "x")
