@@ -8,6 +8,17 @@ import sys
 logger = logging.getLogger("motor.controller")
 
 
+def port_number(v: str) -> int:
+    """argparse type: a port 0..65535."""
+    try:
+        i = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {v!r}") from None
+    if not 0 <= i <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {i}")
+    return i
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # the help texts below say their defaults themselves (they come from the config)
     parser.formatter_class = argparse.HelpFormatter
@@ -23,14 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "config)")
     parser.add_argument("--host", default=None,
                         help="address to listen on (default: controller.host from the config)")
-    parser.add_argument("--port", type=int, default=None,
+    parser.add_argument("--port", type=port_number, default=None,
                         help="port to listen on, 0 = any free port (default: controller.port "
                              "from the config)")
 
 
 def main(args: argparse.Namespace) -> int:
     from motor.config.load import load_config, load_default_config
-    from motor.controller.server import run_controller
+    from motor.controller.server import ListenError, run_controller
     from motor.errors import ConfigError
 
     try:
@@ -40,6 +51,14 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         return run_controller(cfg.controller, args.host, args.port)
+    except ListenError as e:
+        if e.bad_host:
+            field = "--host" if args.host is not None else "controller.host"
+        else:
+            field = "--port" if args.port is not None else "controller.port"
+        print(f"motor controller: cannot listen on {e.host}:{e.port} ({field}): {e.reason}",
+              file=sys.stderr)
+        return 1
     except OSError as e:
         logger.error("cannot start the controller: %s", e)
         return 1

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 import time
 
 import orjson
@@ -56,6 +58,28 @@ class _Metrics:
             self.transitions.labels(t.new.value).inc()
 
 
+class ListenError(OSError):
+    """The controller could not listen on ``host:port``; ``bad_host``: the host did not
+    resolve (else the port is the problem: in use, no permission, ...)."""
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        self.host = host
+        self.port = port
+        self.bad_host = isinstance(error, socket.gaierror)
+        self.reason = bind_error_reason(error)
+        super().__init__(error.errno, f"cannot listen on {host}:{port}: {self.reason}")
+
+
+def bind_error_reason(e: OSError) -> str:
+    """``address already in use`` for EADDRINUSE, ... (the OS's text, lower case)."""
+    if isinstance(e.errno, int) and e.errno > 0:
+        try:
+            return os.strerror(e.errno).lower()
+        except ValueError:
+            pass
+    return str(e) or type(e).__name__
+
+
 def _bad(resp: Response, status: int, message: str) -> None:
     resp.send(status, error_body(status, message))
 
@@ -87,7 +111,11 @@ class ControllerServer:
     async def start(self, host: str | None = None, port: int | None = None) -> int:
         """Listen (``port=0``: any free port) and start the timeout checker; returns the port."""
         self.host = host if host is not None else self.config.host
-        self.port = await self._http.listen(self.host, self.config.port if port is None else port)
+        want = self.config.port if port is None else port
+        try:
+            self.port = await self._http.listen(self.host, want)
+        except OSError as e:
+            raise ListenError(self.host, want, e) from e
         self._checker = asyncio.create_task(self._check_loop())
         logger.info("controller listening on http://%s:%d (heartbeat timeout %gs, remove after %gs)",
                     self.host, self.port, self.config.heartbeat_timeout_s,

@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from urllib.parse import urlsplit
@@ -373,6 +374,7 @@ class ListenError(OSError):
     def __init__(self, host: str, port: int, error: OSError) -> None:
         self.host = host
         self.port = port
+        self.bad_host = isinstance(error, socket.gaierror)
         self.reason = bind_error_reason(error)
         super().__init__(error.errno, f"cannot listen on {host}:{port}: {self.reason}")
 

@@ -8,6 +8,17 @@ import sys
 logger = logging.getLogger("motor.node_manager")
 
 
+def port_number(v: str) -> int:
+    """argparse type: a port 0..65535."""
+    try:
+        i = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {v!r}") from None
+    if not 0 <= i <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {i}")
+    return i
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # the help texts below say their defaults themselves (they come from the config)
     parser.formatter_class = argparse.HelpFormatter
@@ -29,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "controller.host/port from the config)")
     parser.add_argument("--host", default=None,
                         help="address of the management API (default: the node's host)")
-    parser.add_argument("--port", type=int, default=None,
+    parser.add_argument("--port", type=port_number, default=None,
                         help="port of the management API (GET /health, /metrics, /v1/instances); "
                              "0 = any free port (default: the node's mgmt_port; none there: no "
                              "management API)")
@@ -42,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from motor.config.load import load_config, load_default_config
     from motor.errors import ConfigError
-    from motor.node_manager.agent import parse_url, run_node_manager
+    from motor.node_manager.agent import ListenError, parse_url, run_node_manager
 
     try:
         cfg = load_config(args.config) if args.config else load_default_config()
@@ -68,6 +79,15 @@ def main(args: argparse.Namespace) -> int:
     try:
         return run_node_manager(node, url, cfg.controller.heartbeat_interval_s, args.log_dir,
                                 args.host, args.port)
+    except ListenError as e:
+        at = f"nodes[{cfg.nodes.index(node)}]"
+        if e.bad_host:
+            field = "--host" if args.host is not None else f"{at}.host"
+        else:
+            field = "--port" if args.port is not None else f"{at}.mgmt_port"
+        print(f"motor node-manager: cannot listen on {e.host}:{e.port} ({field}): {e.reason}",
+              file=sys.stderr)
+        return 1
     except OSError as e:
         logger.error("cannot start the node manager: %s", e)
         return 1

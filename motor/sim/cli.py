@@ -48,6 +48,16 @@ def _positive_int(v: str) -> int:
     return i
 
 
+def _port(v: str) -> int:
+    try:
+        i = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {v!r}") from None
+    if not 0 <= i <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {i}")
+    return i
+
+
 def _non_negative_float(v: str) -> float:
     f = float(v)
     if f < 0:
@@ -58,7 +68,7 @@ def _non_negative_float(v: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     srv = parser.add_argument_group("server")
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    srv.add_argument("--port", type=int, default=8000,
+    srv.add_argument("--port", type=_port, default=8000,
                      help="HTTP port (0 = any free port; the bound port is printed on stdout)")
     srv.add_argument("--model", default="motor-sim",
                      help="model name clients use (the served model name)")
@@ -124,7 +134,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "(times --time-scale)")
     pd.add_argument("--kv-lease-s", type=_non_negative_float, default=30.0,
                     help="prefill-first: how long P holds blocks that no decode has read")
-    pd.add_argument("--disaggregation-bootstrap-port", type=int, default=0,
+    pd.add_argument("--disaggregation-bootstrap-port", type=_port, default=0,
                     help="prefill role: port of the SGLang-style bootstrap server "
                          "(0 = any free port; reported by GET /server_info)")
     pd.add_argument("--bootstrap-timeout-s", type=_non_negative_float, default=30.0,
@@ -203,10 +213,14 @@ def options_from_args(args: argparse.Namespace) -> "SimOptions":  # noqa: F821
 
 
 async def _serve(opts: "SimOptions") -> int:  # noqa: F821
-    from motor.sim.server import SimServer
+    from motor.sim.server import ListenError, SimServer
 
     server = SimServer(opts)
-    port = await server.start()
+    try:
+        port = await server.start()
+    except ListenError as e:
+        print(f"motor sim: {e.message}", file=sys.stderr)
+        return 1
     kv = ""
     if server.kv_publisher is not None:
         kv = f" kv_events={server.kv_publisher.endpoint}"

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -135,6 +136,28 @@ class _Ctx:
                        + orjson.dumps(model) + b',"choices":[')
 
 
+class ListenError(OSError):
+    """A listen address of the sim could not be bound; ``flag`` names the option."""
+
+    def __init__(self, flag: str, host: str, port: int, error: OSError) -> None:
+        self.flag = flag
+        self.host = host
+        self.port = port
+        self.reason = bind_error_reason(error)
+        self.message = f"cannot listen on {host}:{port} ({flag}): {self.reason}"
+        super().__init__(error.errno, self.message)
+
+
+def bind_error_reason(e: OSError) -> str:
+    """``address already in use`` for EADDRINUSE, ... (the OS's text, lower case)."""
+    if isinstance(e.errno, int) and e.errno > 0:
+        try:
+            return os.strerror(e.errno).lower()
+        except ValueError:
+            pass
+    return str(e) or type(e).__name__
+
+
 class SimServer:
     """One simulated engine: tokenizer, engine loop, metrics and the HTTP API."""
 
@@ -174,8 +197,18 @@ class SimServer:
         self.engine.start()
         self._apply_global_fault()
         self.http = HttpServer(self._handle)
-        self.port = await self.http.listen(self.opts.host, self.opts.port)
-        await self.pd.start()
+        try:
+            self.port = await self.http.listen(self.opts.host, self.opts.port)
+        except OSError as e:
+            await self.stop(drain_timeout_s=0.0)
+            flag = "--host" if isinstance(e, socket.gaierror) else "--port"
+            raise ListenError(flag, self.opts.host, self.opts.port, e) from e
+        try:
+            await self.pd.start()
+        except OSError as e:
+            await self.stop(drain_timeout_s=0.0)
+            raise ListenError("--disaggregation-bootstrap-port", self.opts.host,
+                              self.opts.pd.bootstrap_port, e) from e
         return self.port
 
     async def stop(self, drain_timeout_s: float = 1.0) -> None:

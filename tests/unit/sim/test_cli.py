@@ -5,6 +5,7 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -100,3 +101,41 @@ def test_crash_flag_without_count_fails_start_up(model_dir):
     r = subprocess.run([sys.executable, "-m", "motor", "sim", "--port", "0", "--model-dir",
                         model_dir, "--fault", "crash"], cwd=ROOT, capture_output=True, timeout=30)
     assert r.returncode == 1 and b"crash" in r.stderr
+
+
+def _listener() -> tuple["socket.socket", int]:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s, s.getsockname()[1]
+
+
+def _run_sim(model_dir: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "motor", "sim", "--model-dir", model_dir,
+                           *extra], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_busy_port_is_one_line_not_a_traceback(model_dir):
+    s, port = _listener()
+    try:
+        r = _run_sim(model_dir, "--port", str(port))
+        assert r.returncode == 1
+        assert r.stderr.strip() == (f"motor sim: cannot listen on 127.0.0.1:{port} (--port): "
+                                    "address already in use")
+        assert r.stdout == ""
+        r = _run_sim(model_dir, "--port", "0", "--role", "prefill",
+                     "--disaggregation-bootstrap-port", str(port))
+        assert r.returncode == 1
+        assert r.stderr.strip() == (f"motor sim: cannot listen on 127.0.0.1:{port} "
+                                    "(--disaggregation-bootstrap-port): address already in use")
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("bad", ["-1", "65536", "x"])
+def test_port_out_of_range_is_an_argparse_error(model_dir, bad):
+    r = _run_sim(model_dir, "--port", bad)
+    assert r.returncode == 2
+    assert "argument --port: expected a port number 0..65535" in r.stderr
+    assert "Traceback" not in r.stderr
