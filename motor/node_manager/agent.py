@@ -217,6 +217,9 @@ class NodeAgent:
                 await self._post("/v1/nodes/deregister", {"node": self.node.name},
                                  deregister_timeout_s)
                 logger.info("node manager %s: deregistered", self.node.name)
+            except ConnectionError as e:  # refused / reset: the controller stopped first
+                logger.info("node manager %s: controller %s already gone, not deregistered (%s)",
+                            self.node.name, self.controller_url, _err(e))
             except Exception as e:
                 logger.warning("node manager %s: could not deregister (%s)", self.node.name,
                                _err(e))

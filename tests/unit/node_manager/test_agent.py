@@ -171,3 +171,27 @@ def test_engine_log_dir_from_the_environment(tmp_path: Path,
     assert NodeAgent(node_cfg(tmp_path, 1), "http://127.0.0.1:1").log_dir == str(tmp_path / "logs")
     assert NodeAgent(_cfg_no_log_dir(tmp_path), "http://127.0.0.1:1",
                      log_dir=str(tmp_path / "x")).log_dir == str(tmp_path / "x")
+
+
+def test_deregister_quiet_when_the_controller_stopped_first(tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+
+    async def go() -> None:
+        cport = free_ports()
+        srv = ControllerServer(ControllerConfig(port=cport))
+        await srv.start(port=cport)
+        agent = NodeAgent(node_cfg(tmp_path, 1), f"http://127.0.0.1:{cport}",
+                          heartbeat_interval_s=0.1)
+        await agent.start()
+        await await_until(lambda: states(srv) == {"n1/fake/0": S.READY}, what="ready")
+        await srv.stop()  # `motor up` stops the controller last, but it may be gone already
+        await agent.stop()
+    run_uvloop(go())
+    msgs = [r for r in caplog.records if r.name == "motor.node_manager.agent"
+            and "deregister" in str(r.msg)]
+    assert len(msgs) == 1 and msgs[0].levelno == logging.INFO
+    assert "already gone, not deregistered" in msgs[0].getMessage()
+    # (a heartbeat between the two stops may log the outage; that is not the deregistration)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING
+                and "deregister" in str(r.msg)]
