@@ -249,6 +249,19 @@ class EndpointTable:
                 ep.evict_waiting(why)
             self._rebuild()
 
+    def _retire(self, ep: EndpointState, why: str) -> None:
+        """An endpoint left the table: re-dispatch what waits on it, close its pool if no other
+        endpoint shares it, and drop its per-endpoint metric series (no gauge of a dead
+        instance stays on /metrics)."""
+        ep.evict_waiting(why)
+        if not any(e.host == ep.host and e.port == ep.port for e in self.endpoints.values()):
+            self.client.discard(ep.host, ep.port)
+        for metric in (metrics.INFLIGHT, metrics.BREAKER_STATE):
+            try:
+                metric.remove(ep.instance_id, ep.url)
+            except KeyError:
+                pass
+
     def apply(self, table: InstanceTable) -> None:
         """Replace the endpoints with the controller's table (instances in state ``ready`` route)."""
         seen: set[str] = set()
@@ -261,6 +274,9 @@ class EndpointTable:
                 ep = self.endpoints.get(key)
                 if ep is None or ep.host != ep_spec.host or ep.port != ep_spec.port \
                         or ep.role != inst.role:
+                    if ep is not None:  # moved or changed role: the old one goes first
+                        del self.endpoints[key]
+                        self._retire(ep, "instance moved")
                     ep = EndpointState(inst.id, inst.model, inst.role, ep_spec.host, ep_spec.port,
                                        ep_spec.dp_rank, self.client.pool(ep_spec.host, ep_spec.port),
                                        inst.engine, inst.kv_events, inst.bootstrap_port,
@@ -280,9 +296,7 @@ class EndpointTable:
         for key in [k for k in self.endpoints if k not in seen]:
             ep = self.endpoints.pop(key)
             logger.info("endpoint %s removed", key)
-            ep.evict_waiting("instance removed")
-            if not any(e.host == ep.host and e.port == ep.port for e in self.endpoints.values()):
-                self.client.discard(ep.host, ep.port)
+            self._retire(ep, "instance removed")
         self.version = table.version
         metrics.TABLE_VERSION.set(table.version)
         self._rebuild()

@@ -89,11 +89,13 @@ class Request:
 class Response:
     """The answer to one request; exactly one of ``send`` or ``start``..``end`` is used."""
 
-    __slots__ = ("_proto", "started", "finished", "status", "_chunked", "keep_alive", "http10")
+    __slots__ = ("_proto", "started", "finished", "status", "_chunked", "keep_alive", "http10",
+                 "head")
 
     def __init__(self, proto: "HttpProtocol", keep_alive: bool, http10: bool = False) -> None:
         self._proto = proto
         self.http10 = http10
+        self.head = False
         self.started = False
         self.finished = False
         self.status = 0
@@ -118,7 +120,8 @@ class Response:
         if not self.keep_alive:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
-        parts.append(body)
+        if not self.head:
+            parts.append(body)
         self._proto.write(b"".join(parts))
         self._proto.response_done(self)
 
@@ -129,7 +132,7 @@ class Response:
             raise RuntimeError("response already started")
         self.started = True
         self.status = status
-        if self.http10:
+        if self.http10 or self.head:
             # an HTTP/1.0 client knows no chunked encoding: the body ends when we close
             self._chunked = False
             self.keep_alive = False
@@ -149,7 +152,7 @@ class Response:
 
     def write(self, data: bytes) -> None:
         """Send one chunk at once (never buffered). Empty data is ignored."""
-        if data:
+        if data and not self.head:
             if self._chunked:
                 self._proto.write(b"%x\r\n%b\r\n" % (len(data), data))
             else:
@@ -165,7 +168,7 @@ class Response:
             return
         self.finished = True
         if not self._chunked:
-            if data:
+            if data and not self.head:
                 self._proto.write(data)
         elif data:
             self._proto.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
@@ -312,10 +315,12 @@ class HttpProtocol(asyncio.Protocol):
     def _start(self, req: Request) -> None:
         resp = Response(self, req.keep_alive and not self._server.draining, req.http10)
         self._current = resp
-        self._server.inflight += 1
         self._task = asyncio.ensure_future(self._run(req, resp))
 
     async def _run(self, req: Request, resp: Response) -> None:
+        # counted inside the coroutine: a task cancelled before its first step (the client left
+        # in the same loop tick) never runs its finally, so it must not have counted either
+        self._server.inflight += 1
         try:
             await self._server.handler(req, resp)
         except asyncio.CancelledError:
@@ -498,6 +503,7 @@ class Router:
         if h is None:
             if req.method == b"HEAD" and b"GET" in by_method:
                 h = by_method[b"GET"]
+                resp.head = True  # the GET answer's status and headers, no body
             else:
                 allowed = ", ".join(sorted(m.decode() for m in by_method))
                 resp.send(405, error_body(405, f"method {req.method.decode()} not allowed on "

@@ -235,3 +235,31 @@ async def test_http10_client_gets_an_unframed_stream():
         assert body == b"data: 0\n\ndata: 1\n\ndata: [DONE]\n\n"
     finally:
         await srv.shutdown(1)
+
+
+@run_async
+async def test_head_gets_the_get_status_and_headers_without_body():
+    srv, port, _ = await make_server()
+    try:
+        out = await raw(port, b"HEAD /stream?n=2 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        head, _, body = out.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and body == b""
+    finally:
+        await srv.shutdown(1)
+
+
+@run_async
+async def test_inflight_count_returns_to_zero_when_client_leaves_at_once():
+    srv, port, state = await make_server()
+    try:
+        for _ in range(20):
+            rd, wr = await asyncio.open_connection("127.0.0.1", port)
+            wr.write(b"GET /stream?n=50&delay=0.01 HTTP/1.1\r\nhost: x\r\n\r\n")
+            wr.close()
+        for _ in range(100):
+            if srv.inflight == 0 and not srv.connections:
+                break
+            await asyncio.sleep(0.02)
+        assert srv.inflight == 0
+    finally:
+        await srv.shutdown(1)
