@@ -42,12 +42,12 @@ from motor.coordinator.recovery import (StreamRecovery, continuable, inject_toke
 from motor.coordinator.policy import Policy, RequestInfo
 from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
 from motor.http.server import Request, Response, Router
-from motor.protocol.openai import SSE_DONE, error_body, sse_error_event
+from motor.protocol.openai import MAX_REQUEST_ID_BYTES, SSE_DONE, error_body, sse_error_event
 
 logger = logging.getLogger(__name__)
 
 _JSON = b"application/json"
-_MAX_REQUEST_ID_BYTES = 256
+_MAX_REQUEST_ID_BYTES = MAX_REQUEST_ID_BYTES
 _FORWARD_HEADERS = frozenset((b"authorization", b"content-type", b"accept", b"openai-organization",
                               b"openai-project", b"traceparent", b"tracestate"))
 

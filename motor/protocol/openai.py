@@ -29,6 +29,10 @@ _TYPES = {
 
 SSE_DONE = b"data: [DONE]\n\n"
 
+#: longest X-Request-Id motor accepts from a client (longer: 400); engines build their own
+#: request ids from it (vLLM: ``chatcmpl-<id>``), so it must stay a sane size
+MAX_REQUEST_ID_BYTES = 256
+
 
 def error_type(status: int) -> str:
     return _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")

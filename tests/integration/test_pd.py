@@ -291,3 +291,19 @@ async def test_pd_gateway_key_checked_and_worker_key_sent_to_both_legs(mode: str
         assert c.gw.inflight() == 0
     finally:
         await c.stop()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@run_async
+async def test_pd_request_id_empty_is_made_up_and_too_long_is_400(mode: str) -> None:
+    c = await Cluster(mode).start()
+    try:
+        body = orjson.dumps({"model": "m", "prompt": "hello", "max_tokens": 2})
+        st, h, _ = await http(c.gw.port, "POST", "/v1/completions", body, {"x-request-id": ""})
+        assert st == 200 and len(h["x-request-id"]) >= 16
+        st, _, out = await http(c.gw.port, "POST", "/v1/completions", body,
+                                {"x-request-id": "x" * 300})
+        assert st == 400 and "x-request-id" in orjson.loads(out)["error"]["message"]
+        assert c.gw.inflight() == 0
+    finally:
+        await c.stop()

@@ -31,7 +31,7 @@ from motor.coordinator.policy import Policy, RequestInfo, make_policy
 from motor.coordinator.recovery import StreamRecovery, continuable
 from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
 from motor.http.server import Request, Response
-from motor.protocol.openai import SSE_DONE, error_body, sse_error_event
+from motor.protocol.openai import MAX_REQUEST_ID_BYTES, SSE_DONE, error_body, sse_error_event
 
 if TYPE_CHECKING:
     from motor.coordinator.server import Coordinator
@@ -80,7 +80,7 @@ class Ctx:
 
     __slots__ = ("route", "path", "chat", "req", "resp", "raw", "body", "model", "fwd", "rid",
                  "rid_header", "stream", "info", "max_tokens", "t0", "rec", "cont", "avoid",
-                 "legs", "wrote")
+                 "legs", "wrote", "decode_load")
 
     def __init__(self, route: Any, req: Request, resp: Response, raw: bytes,
                  body: dict[str, Any], model: str | None, fwd: list[tuple[bytes, bytes]],
@@ -105,6 +105,8 @@ class Ctx:
         self.rec: StreamRecovery | None = None
         self.cont: Ctx | None = None
         self.avoid: set[EndpointState] = set()
+        #: what each decode leg acquired (released exactly, whatever later changes ctx.info)
+        self.decode_load: dict[EndpointState, int] = {}
         self.legs = 0
         self.wrote = False
 
@@ -227,6 +229,7 @@ class PdMode:
         self.keepalive_s = ka if 0 < ka < self.idle_timeout_s else 0.0
         self.max_attempts = cfg.retries.max_attempts
         self.backoff_s = cfg.retries.backoff_s
+        self.backoff_max_s = cfg.retries.backoff_max_s
         self.retry_statuses = frozenset(getattr(cfg.retries, "retry_statuses",
                                                 (429, 502, 503, 504)))
 
@@ -253,7 +256,11 @@ class PdMode:
         for k, v in req.headers:
             if k in FORWARD_HEADERS:
                 coord.upstream_auth(fwd, k, v)
-            elif k == b"x-request-id":
+            elif k == b"x-request-id" and v:  # an empty id is made up like a missing one
+                if len(v) > MAX_REQUEST_ID_BYTES:
+                    self.fail(route, resp, 400, f"x-request-id is expected to be at most "
+                                                f"{MAX_REQUEST_ID_BYTES} bytes, got {len(v)}")
+                    return
                 rid = v
         if rid is None:
             rid = uuid.uuid4().hex.encode()
@@ -364,7 +371,7 @@ class PdMode:
         t = time.perf_counter()
         for attempt in range(self.max_attempts):
             if attempt:
-                await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)))
+                await asyncio.sleep(min(self.backoff_s * (2 ** (attempt - 1)), self.backoff_max_s))
             if ep is None or attempt:
                 ep = self.pick(Role.PREFILL, ctx, exclude)
             if ep is None:
@@ -425,12 +432,14 @@ class PdMode:
         exclude.update(ctx.avoid)   # a continuation avoids the decode that broke
         for attempt in range(self.max_attempts if retry else 1):
             if attempt:
-                await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)))
+                await asyncio.sleep(min(self.backoff_s * (2 ** (attempt - 1)), self.backoff_max_s))
             ep = self.pick(Role.DECODE, ctx, exclude)
             if ep is None:
                 break
             exclude.add(ep)
-            ep.acquire(ctx.max_tokens + ctx.info.prompt_tokens, 0, ctx.max_tokens)
+            amount = ctx.max_tokens + ctx.info.prompt_tokens
+            ctx.decode_load[ep] = amount
+            ep.acquire(amount, 0, ctx.max_tokens)
             ok = False
             try:
                 up = await self.send(ep, ctx, body, self.first_byte_timeout_s,
@@ -456,7 +465,7 @@ class PdMode:
         raise LegFailed(502, f"the decode leg failed: {last}")
 
     def release_decode(self, ctx: Ctx, ep: EndpointState) -> None:
-        ep.release(ctx.max_tokens + ctx.info.prompt_tokens, 0, ctx.max_tokens)
+        ep.release(ctx.decode_load.pop(ep), 0, ctx.max_tokens)
 
     async def answer_decode(self, ctx: Ctx, ep: EndpointState, up: UpstreamResponse,
                             p_answer: dict[str, Any] | None, t_decode: float) -> None:
