@@ -139,8 +139,8 @@ class StreamRecovery:
     """The state of one recoverable stream across its legs (see the module docstring).
 
     Feed the engine's complete SSE events of each leg to :meth:`feed`; it returns the
-    bytes for the client. After a leg ends, :attr:`need_continuation` says whether the
-    request must go on elsewhere, and :meth:`continuation` builds that request.
+    bytes for the client. After a leg ends, :meth:`leg_end` says how it ended (and so whether
+    the request must go on elsewhere), and :meth:`continuation` builds that request.
     """
 
     __slots__ = ("chat", "body", "client_ids", "prompt_ids", "gen", "leg", "leg_is_cmpl",

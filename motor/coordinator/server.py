@@ -330,7 +330,7 @@ class Coordinator:
             else:
                 why_not = why
                 logger.debug("request %s: no mid-stream failover (%s)", rid.decode("latin-1"), why)
-        load = _Load(tokens, info.prefill_tokens, max_tokens)
+        load = _Load(tokens, max_tokens)
         try:
             res = await self._dispatch(route.path, raw, with_ids, fwd, model, info, load, set(),
                                        stream)
@@ -682,11 +682,10 @@ class Coordinator:
 class _Load:
     """What a request adds to an endpoint's load counters while it runs there."""
 
-    __slots__ = ("tokens", "prefill_tokens", "decode_tokens")
+    __slots__ = ("tokens", "decode_tokens")
 
-    def __init__(self, tokens: int, prefill_tokens: int, decode_tokens: int) -> None:
+    def __init__(self, tokens: int, decode_tokens: int) -> None:
         self.tokens = tokens
-        self.prefill_tokens = prefill_tokens
         self.decode_tokens = decode_tokens
 
 

@@ -4,7 +4,6 @@ re-dispatched when the endpoint leaves (not left hanging until a transport timeo
 from __future__ import annotations
 
 import asyncio
-import time
 
 import orjson
 
@@ -68,11 +67,9 @@ async def test_b_request_waiting_on_a_removed_endpoint_is_redispatched():
         r3 = asyncio.ensure_future(http(gw.port, "POST", "/v1/chat/completions",
                                         b'{"model":"m","messages":[{"role":"user","content":"x"}]}'))
         assert await wait_for(lambda: len(w.log) == 1)
-        t = time.monotonic()
         gw.table.apply(table(2, {"X": x}))                 # W removed (controller / probes)
-        st, _, body = await asyncio.wait_for(r3, 5)
+        st, _, body = await asyncio.wait_for(r3, 5)         # re-dispatched, not left waiting
         assert st == 200 and len(x.log) == 1
-        assert time.monotonic() - t < 5
         assert await wait_for(lambda: w.log[0].closed_at is not None)
         assert all(e.inflight == 0 for e in gw.table.endpoints.values())
     finally:

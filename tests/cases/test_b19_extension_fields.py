@@ -50,7 +50,3 @@ async def test_extension_fields_pass_both_ways(stream):
             assert c["token_ids"] == [1, 2, 3] and c["message"]["reasoning_content"] == "r"
             assert "matched_stop" in c
 
-
-@pytest.mark.skip(reason="motor has no model aliasing (alias run of B19 not applicable)")
-def test_alias_run():
-    """B19 with model alias auto -> m."""

@@ -43,6 +43,8 @@ def sse(raw: bytes) -> list[dict]:
 def test_chat_continues_exactly_as_a_completion_of_its_token_ids(tmp_path: Path) -> None:
     py = vllm_python()
     if py is None:
+        if os.environ.get("MOTOR_REQUIRE_REAL_ENGINE") == "1":
+            pytest.fail("MOTOR_REQUIRE_REAL_ENGINE=1 but no vLLM CPU venv (MOTOR_VLLM_VENV)")
         pytest.skip("no vLLM CPU venv")
     model = write_tiny_llama(tmp_path / "tiny")
     port = free_ports(1)[0]
