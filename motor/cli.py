@@ -22,6 +22,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def port_number(v: str) -> int:
+    """argparse type: a port 0..65535 (0 = any free port)."""
+    try:
+        i = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {v!r}") from None
+    if not 0 <= i <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {i}")
+    return i
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows ``(default: X)`` only where there is a default worth showing."""
 

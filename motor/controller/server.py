@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
+from motor.http.server import ListenError, bind_error_reason  # noqa: F401
 from motor.config.schema import ControllerConfig
 from motor.controller.registry import Clock, Registry, RegistryConflict, Transition
 from motor.http import HttpServer, Request, Response, Router, install_uvloop
@@ -56,28 +57,6 @@ class _Metrics:
     def on_transitions(self, changes: list[Transition]) -> None:
         for t in changes:
             self.transitions.labels(t.new.value).inc()
-
-
-class ListenError(OSError):
-    """The controller could not listen on ``host:port``; ``bad_host``: the host did not
-    resolve (else the port is the problem: in use, no permission, ...)."""
-
-    def __init__(self, host: str, port: int, error: OSError) -> None:
-        self.host = host
-        self.port = port
-        self.bad_host = isinstance(error, socket.gaierror)
-        self.reason = bind_error_reason(error)
-        super().__init__(error.errno, f"cannot listen on {host}:{port}: {self.reason}")
-
-
-def bind_error_reason(e: OSError) -> str:
-    """``address already in use`` for EADDRINUSE, ... (the OS's text, lower case)."""
-    if isinstance(e.errno, int) and e.errno > 0:
-        try:
-            return os.strerror(e.errno).lower()
-        except ValueError:
-            pass
-    return str(e) or type(e).__name__
 
 
 def _bad(resp: Response, status: int, message: str) -> None:

@@ -81,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             s.bind((c.host, c.port))
         except OSError as e:
-            print(f"motor coordinator: cannot listen on {c.host}:{c.port} (coordinator.port / "
-                  f"--port): {e.strerror}")
+            from motor.http.server import ListenError
+            print(f"motor coordinator: {ListenError(c.host, c.port, e, 'coordinator.port / --port').message}")
             return 1
     return run(cfg, args.backend or None, args.controller)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
 from collections import deque
@@ -43,6 +44,35 @@ def status_line(status: int) -> bytes:
         line = f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")
         _STATUS_LINES[status] = line
     return line
+
+
+def bind_error_reason(e: OSError) -> str:
+    """``address already in use`` for EADDRINUSE, ... (the OS's text, lower case)."""
+    if isinstance(e.errno, int) and e.errno > 0:
+        try:
+            return os.strerror(e.errno).lower()
+        except ValueError:
+            pass
+    return str(e) or type(e).__name__
+
+
+class ListenError(OSError):
+    """A process could not listen on ``host:port``.
+
+    Attributes: ``flag`` (the option or config field that set the address, or None),
+    ``bad_host`` (the host did not resolve; else the port is the problem: in use, no
+    permission...), ``reason`` (:func:`bind_error_reason`), ``message`` (one line for users).
+    """
+
+    def __init__(self, host: str, port: int, error: OSError, flag: str | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.flag = flag
+        self.bad_host = isinstance(error, socket.gaierror)
+        self.reason = bind_error_reason(error)
+        where = f" ({flag})" if flag else ""
+        self.message = f"cannot listen on {host}:{port}{where}: {self.reason}"
+        super().__init__(error.errno, self.message)
 
 
 class Request:

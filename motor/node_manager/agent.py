@@ -31,6 +31,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from motor.http.server import ListenError, bind_error_reason  # noqa: F401
 from motor.config.schema import NodeConfig
 from motor.errors import ConfigError
 from motor.http import Client, HttpServer, Request, Response, Router, install_uvloop
@@ -368,28 +369,6 @@ class NodeAgent:
         r.add("GET", "/v1/instances", instances)
         r.add("GET", "/metrics", metrics)
         return r
-
-
-class ListenError(OSError):
-    """The management API could not listen on ``host:port`` (``reason``: e.g. "address already
-    in use")."""
-
-    def __init__(self, host: str, port: int, error: OSError) -> None:
-        self.host = host
-        self.port = port
-        self.bad_host = isinstance(error, socket.gaierror)
-        self.reason = bind_error_reason(error)
-        super().__init__(error.errno, f"cannot listen on {host}:{port}: {self.reason}")
-
-
-def bind_error_reason(e: OSError) -> str:
-    """``address already in use`` for EADDRINUSE, ... (the OS's text, lower case)."""
-    if isinstance(e.errno, int) and e.errno > 0:
-        try:
-            return os.strerror(e.errno).lower()
-        except ValueError:
-            pass
-    return str(e) or type(e).__name__
 
 
 class _ControllerRefused(Exception):

@@ -6,17 +6,7 @@ import logging
 import sys
 
 logger = logging.getLogger("motor.node_manager")
-
-
-def port_number(v: str) -> int:
-    """argparse type: a port 0..65535."""
-    try:
-        i = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {v!r}") from None
-    if not 0 <= i <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {i}")
-    return i
+from motor.cli import port_number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 
+from motor.cli import port_number
 from motor.sim.engine import EngineConfig
 from motor.sim.faults import MODES, Faults
 from motor.sim.tokenizer import DEFAULT_MODEL_DIR
@@ -48,16 +49,6 @@ def _positive_int(v: str) -> int:
     return i
 
 
-def _port(v: str) -> int:
-    try:
-        i = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {v!r}") from None
-    if not 0 <= i <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {i}")
-    return i
-
-
 def _non_negative_float(v: str) -> float:
     f = float(v)
     if f < 0:
@@ -68,7 +59,7 @@ def _non_negative_float(v: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     srv = parser.add_argument_group("server")
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    srv.add_argument("--port", type=_port, default=8000,
+    srv.add_argument("--port", type=port_number, default=8000,
                      help="HTTP port (0 = any free port; the bound port is printed on stdout)")
     srv.add_argument("--model", default="motor-sim",
                      help="model name clients use (the served model name)")
@@ -134,7 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "(times --time-scale)")
     pd.add_argument("--kv-lease-s", type=_non_negative_float, default=30.0,
                     help="prefill-first: how long P holds blocks that no decode has read")
-    pd.add_argument("--disaggregation-bootstrap-port", type=_port, default=0,
+    pd.add_argument("--disaggregation-bootstrap-port", type=port_number, default=0,
                     help="prefill role: port of the SGLang-style bootstrap server "
                          "(0 = any free port; reported by GET /server_info)")
     pd.add_argument("--bootstrap-timeout-s", type=_non_negative_float, default=30.0,

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from motor.http.server import ListenError, bind_error_reason  # noqa: F401
 from motor.http import HttpServer, Request, Response, Router
 from motor.protocol.openai import SSE_DONE, error_body, sse_error_event
 from motor.sim.engine import FINISHED, Engine, EngineConfig, EngineRequest, SamplingSpec, \
@@ -136,28 +137,6 @@ class _Ctx:
                        + orjson.dumps(model) + b',"choices":[')
 
 
-class ListenError(OSError):
-    """A listen address of the sim could not be bound; ``flag`` names the option."""
-
-    def __init__(self, flag: str, host: str, port: int, error: OSError) -> None:
-        self.flag = flag
-        self.host = host
-        self.port = port
-        self.reason = bind_error_reason(error)
-        self.message = f"cannot listen on {host}:{port} ({flag}): {self.reason}"
-        super().__init__(error.errno, self.message)
-
-
-def bind_error_reason(e: OSError) -> str:
-    """``address already in use`` for EADDRINUSE, ... (the OS's text, lower case)."""
-    if isinstance(e.errno, int) and e.errno > 0:
-        try:
-            return os.strerror(e.errno).lower()
-        except ValueError:
-            pass
-    return str(e) or type(e).__name__
-
-
 class SimServer:
     """One simulated engine: tokenizer, engine loop, metrics and the HTTP API."""
 
@@ -202,13 +181,13 @@ class SimServer:
         except OSError as e:
             await self.stop(drain_timeout_s=0.0)
             flag = "--host" if isinstance(e, socket.gaierror) else "--port"
-            raise ListenError(flag, self.opts.host, self.opts.port, e) from e
+            raise ListenError(self.opts.host, self.opts.port, e, flag) from e
         try:
             await self.pd.start()
         except OSError as e:
             await self.stop(drain_timeout_s=0.0)
-            raise ListenError("--disaggregation-bootstrap-port", self.opts.host,
-                              self.opts.pd.bootstrap_port, e) from e
+            raise ListenError(self.opts.host, self.opts.pd.bootstrap_port, e,
+                              "--disaggregation-bootstrap-port") from e
         return self.port
 
     async def stop(self, drain_timeout_s: float = 1.0) -> None:
