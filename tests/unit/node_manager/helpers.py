@@ -67,7 +67,18 @@ def read_pid(path: str, timeout_s: float = 10.0) -> int:
     return int(open(path).read())
 
 
-def run_uvloop(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run on uvloop, as the node manager does in production."""
+def run_uvloop(coro: Coroutine[Any, Any, Any], timeout_s: float = 60.0) -> Any:
+    """Run on uvloop, as the node manager does in production; a test body that does not finish
+    within ``timeout_s`` fails (TimeoutError) instead of hanging the suite."""
+    async def bounded() -> Any:
+        return await asyncio.wait_for(coro, timeout_s)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-        return r.run(coro)
+        return r.run(bounded())
+
+
+async def aread_pid(path: str, timeout_s: float = 10.0) -> int:
+    """:func:`read_pid` for async tests: polls without blocking the event loop (the supervisor
+    under test runs on the same loop)."""
+    await await_until(lambda: os.path.exists(path) and open(path).read().strip() != "",
+                      timeout_s, path)
+    return int(open(path).read())

@@ -16,7 +16,8 @@ from motor.node_manager.supervisor import (EngineProcess, ProcState, backoff_del
                                            port_in_use, process_alive, rotate_log)
 from motor.protocol.instances import Endpoint
 
-from .helpers import FAKE_LAUNCHER, await_until, free_ports, pid_alive, read_pid, run_uvloop
+from .helpers import (FAKE_LAUNCHER, aread_pid, await_until, free_ports, pid_alive,
+                      run_uvloop)
 
 
 def make(tmp: Path, extra: list[str] | None = None, **kw: Any) -> tuple[EngineProcess, Client]:
@@ -154,7 +155,7 @@ def test_sigterm_ignored_escalates_to_sigkill_no_orphans(tmp_path: Path) -> None
         ep.start()
         await await_until(lambda: ep.state is ProcState.READY, what="ready")
         pid = ep.pid
-        child = read_pid(child_file)
+        child = await aread_pid(child_file)
         assert pid is not None and pid_alive(child)
         await ep.stop()
         assert not pid_alive(pid) and not pid_alive(child)
@@ -169,7 +170,7 @@ def test_engine_exits_on_sigterm_but_its_child_does_not(tmp_path: Path) -> None:
         ep, client = make(tmp_path, ["--child-pid-file", child_file], stop_timeout_s=0.3)
         ep.start()
         await await_until(lambda: ep.state is ProcState.READY, what="ready")
-        child = read_pid(child_file)
+        child = await aread_pid(child_file)
         await ep.stop()
         assert not pid_alive(child)
         client.close()
@@ -182,12 +183,13 @@ def test_crash_leftover_children_are_killed_before_restart(tmp_path: Path) -> No
         ep, client = make(tmp_path, ["--child-pid-file", child_file], stop_timeout_s=0.3)
         ep.start()
         await await_until(lambda: ep.state is ProcState.READY, what="ready")
-        child = read_pid(child_file)
+        child = await aread_pid(child_file)
         os.remove(child_file)
         os.kill(ep.pid or 0, signal.SIGKILL)
-        await await_until(lambda: ep.restarts == 1, what="restart")
+        await await_until(lambda: ep.restarts == 1 and ep.state is ProcState.READY,
+                          what="restarted and ready")
         assert not pid_alive(child)
-        child2 = read_pid(child_file)
+        child2 = await aread_pid(child_file)
         await ep.stop()
         assert not pid_alive(child2)
         client.close()
