@@ -33,13 +33,21 @@ logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
+def _load_prctl() -> "object | None":
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# resolved in the parent: the forked child only makes system calls (no import, no lock)
+_PRCTL = _load_prctl()
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     os.setsid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except OSError:
-        pass
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)  # type: ignore[operator]
 
 
 class Cluster:

@@ -191,13 +191,24 @@ async def terminate_group(proc: asyncio.subprocess.Process, timeout_s: float, na
     return rc
 
 
-def _pdeathsig() -> None:  # pragma: no cover - runs in the child
+def _load_prctl() -> "Callable[..., int] | None":
     try:
         import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+# resolved here, in the parent: the child of a fork in a threaded process must not import or
+# take locks (an import lock held by another thread at fork time deadlocks the child, and the
+# parent then waits for its exec forever)
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _pdeathsig() -> None:  # pragma: no cover - runs in the child
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def rotate_log(path: str, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUPS) -> bool:
