@@ -7,6 +7,7 @@ import os
 import signal
 from urllib.parse import urlsplit
 
+from motor.aio import cancel_and_wait
 from motor.config.schema import ClusterConfig, Role
 from motor.coordinator.endpoints import ControllerWatcher, EndpointTable, StaticBackends
 from motor.coordinator.kv.router import KvRouter
@@ -125,9 +126,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     await stop.wait()
     logger.info("coordinator stopping: draining %d in-flight request(s)", server.inflight)
     await server.shutdown(drain_timeout_s=c.drain_timeout_s)
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await cancel_and_wait(*tasks)
     if source is not None:
         source.close()
     if kv_feed is not None:

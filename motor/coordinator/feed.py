@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from motor.aio import cancel_and_wait
 from motor._fast.ring import RECORD_OVERFLOW, RECORD_USER, Ring
 from motor.config.schema import ClusterConfig
 from motor.coordinator.loadtable import LoadTable
@@ -480,9 +481,7 @@ class Feed:
         try:
             await stop.wait()
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(*tasks)
             if self.kv_feed is not None:
                 self.kv_feed.close()
 

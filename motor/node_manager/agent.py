@@ -31,6 +31,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from motor.aio import cancel_and_wait
 from motor.http.server import ListenError, bind_error_reason  # noqa: F401
 from motor.config.schema import NodeConfig
 from motor.errors import ConfigError
@@ -204,11 +205,7 @@ class NodeAgent:
         logger.info("node manager %s: stopping %d engine process(es)", self.node.name,
                     sum(len(i.processes) for i in self.instances))
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
         await asyncio.gather(*(p.stop() for i in self.instances for p in i.processes))
         await self.npu.stop()

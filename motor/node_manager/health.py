@@ -28,6 +28,7 @@ from typing import Awaitable, Callable
 
 import orjson
 
+from motor.aio import cancel_and_wait
 from motor.config.schema import Role, VirtualInferenceConfig
 from motor.http import Client
 
@@ -222,11 +223,7 @@ class VirtualInference:
                     await asyncio.sleep(min(self.cfg.npu_sample_interval_s, self.cfg.timeout_s))
         finally:
             if sampler is not None:
-                sampler.cancel()
-                try:
-                    await sampler
-                except asyncio.CancelledError:
-                    pass
+                await cancel_and_wait(sampler)
         self.last_aicore_pct = max(samples) if samples else None
         if err is None:
             self.ok_rounds += 1

@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
+from motor.aio import cancel_and_wait
 from motor.config.schema import NpuConfig
 
 logger = logging.getLogger(__name__)
@@ -337,11 +338,7 @@ class NpuMonitor:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _loop(self) -> None:

@@ -45,6 +45,7 @@ import sys
 import time
 from typing import Callable
 
+from motor.aio import cancel_and_wait
 from motor.config.schema import EngineConfig, RestartPolicy
 from motor.http import Client
 from motor.node_manager.engines import ProcessSpec, full_env
@@ -513,14 +514,7 @@ class EngineProcess:
                     logger.error("engine %s %s: stopping it", self.name, why)
                     break
         finally:
-            for t in (probe_task, self._vi_task):
-                if t is None:
-                    continue
-                t.cancel()
-                try:
-                    await t
-                except asyncio.CancelledError:
-                    pass
+            await cancel_and_wait(probe_task, self._vi_task)
             self._vi_task = None
             # stop request, startup timeout, or leftovers of an engine that exited by itself
             rc = await terminate_group(proc, self.engine.stop_timeout_s, self.name)
