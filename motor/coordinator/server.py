@@ -47,9 +47,10 @@ from motor.protocol.openai import MAX_REQUEST_ID_BYTES, SSE_DONE, error_body, ss
 logger = logging.getLogger(__name__)
 
 _JSON = b"application/json"
-_MAX_REQUEST_ID_BYTES = MAX_REQUEST_ID_BYTES
-_FORWARD_HEADERS = frozenset((b"authorization", b"content-type", b"accept", b"openai-organization",
-                              b"openai-project", b"traceparent", b"tracestate"))
+#: client headers passed to engines (hop-by-hop and others dropped; Authorization per
+#: :meth:`Coordinator.upstream_auth`)
+FORWARD_HEADERS = frozenset((b"authorization", b"content-type", b"accept", b"openai-organization",
+                             b"openai-project", b"traceparent", b"tracestate"))
 
 
 class _Route:
@@ -265,40 +266,51 @@ class Coordinator:
         route.count(status)
         resp.send(status, error_body(status, message), headers=headers)
 
-    async def _proxy(self, route: _Route, req: Request, resp: Response) -> None:
-        t0 = time.perf_counter()
-        raw = req.body
+    def parse_request(self, route: _Route, req: Request, resp: Response
+                      ) -> "tuple[dict[str, Any], str | None, list[tuple[bytes, bytes]], bytes] | None":
+        """The checks every inference route shares (union and PD paths): the body is a JSON
+        object, ``model`` a string, ``X-Request-Id`` honoured (made up when absent or empty,
+        400 above :data:`MAX_REQUEST_ID_BYTES`, case B15); headers to forward, with the
+        worker key when one is set. Returns (body, model, forwarded headers, request id), or
+        ``None`` after answering 400."""
         try:
-            body = orjson.loads(raw)
+            body = orjson.loads(req.body)
         except orjson.JSONDecodeError as e:
             self._fail(route, resp, 400, f"request body is not valid JSON: {e}")
-            return
+            return None
         if not isinstance(body, dict):
             self._fail(route, resp, 400, f"request body is expected to be a JSON object, "
                                          f"got {_json_type(body)}")
-            return
+            return None
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             self._fail(route, resp, 400, f"model is expected to be a string, got {type(model).__name__}")
-            return
-
-        # headers to forward; X-Request-Id honoured or made up (case B15)
+            return None
         fwd: list[tuple[bytes, bytes]] = []
         rid = None
         for k, v in req.headers:
-            if k in _FORWARD_HEADERS:
+            if k in FORWARD_HEADERS:
                 self.upstream_auth(fwd, k, v)
             elif k == b"x-request-id" and v:  # an empty id is made up like a missing one
                 rid = v
-                if len(v) > _MAX_REQUEST_ID_BYTES:
+                if len(v) > MAX_REQUEST_ID_BYTES:
                     self._fail(route, resp, 400, f"x-request-id is expected to be at most "
-                                                 f"{_MAX_REQUEST_ID_BYTES} bytes, got {len(v)}")
-                    return
+                                                 f"{MAX_REQUEST_ID_BYTES} bytes, got {len(v)}")
+                    return None
         if rid is None:
             rid = uuid.uuid4().hex.encode()
         fwd.append((b"x-request-id", rid))
         if self.worker_auth is not None:
             fwd.append((b"authorization", self.worker_auth))
+        return body, model, fwd, rid
+
+    async def _proxy(self, route: _Route, req: Request, resp: Response) -> None:
+        t0 = time.perf_counter()
+        raw = req.body
+        parsed = self.parse_request(route, req, resp)
+        if parsed is None:
+            return
+        body, model, fwd, rid = parsed
         rid_header = ((b"x-request-id", rid),)
 
         candidates = self.table.candidates(Role.UNION, model)

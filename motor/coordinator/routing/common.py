@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -31,7 +30,7 @@ from motor.coordinator.policy import Policy, RequestInfo, make_policy
 from motor.coordinator.recovery import StreamRecovery, continuable
 from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
 from motor.http.server import Request, Response
-from motor.protocol.openai import MAX_REQUEST_ID_BYTES, SSE_DONE, error_body, sse_error_event
+from motor.protocol.openai import SSE_DONE, error_body, sse_error_event
 
 if TYPE_CHECKING:
     from motor.coordinator.server import Coordinator
@@ -39,9 +38,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _JSON = b"application/json"
-FORWARD_HEADERS = frozenset((b"authorization", b"content-type", b"accept",
-                             b"openai-organization", b"openai-project", b"traceparent",
-                             b"tracestate"))
 
 # -- metrics (per mode) ---------------------------------------------------------------
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -236,37 +232,11 @@ class PdMode:
     # -- entry ------------------------------------------------------------------------
     async def handle(self, route: Any, req: Request, resp: Response) -> None:
         raw = req.body
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            self.fail(route, resp, 400, f"request body is not valid JSON: {e}")
-            return
-        if not isinstance(body, dict):
-            self.fail(route, resp, 400, f"request body is expected to be a JSON object, "
-                                        f"got {type(body).__name__}")
-            return
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            self.fail(route, resp, 400, f"model is expected to be a string, got "
-                                        f"{type(model).__name__}")
-            return
-        fwd: list[tuple[bytes, bytes]] = []
-        rid = None
         coord = self.coord
-        for k, v in req.headers:
-            if k in FORWARD_HEADERS:
-                coord.upstream_auth(fwd, k, v)
-            elif k == b"x-request-id" and v:  # an empty id is made up like a missing one
-                if len(v) > MAX_REQUEST_ID_BYTES:
-                    self.fail(route, resp, 400, f"x-request-id is expected to be at most "
-                                                f"{MAX_REQUEST_ID_BYTES} bytes, got {len(v)}")
-                    return
-                rid = v
-        if rid is None:
-            rid = uuid.uuid4().hex.encode()
-        fwd.append((b"x-request-id", rid))
-        if coord.worker_auth is not None:
-            fwd.append((b"authorization", coord.worker_auth))
+        parsed = coord.parse_request(route, req, resp)
+        if parsed is None:
+            return
+        body, model, fwd, rid = parsed
         ctx = Ctx(route, req, resp, raw, body, model, fwd, rid)
         table = self.coord.table
         if not table.candidates(Role.PREFILL, model) or not table.candidates(Role.DECODE, model):
