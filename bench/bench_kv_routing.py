@@ -135,7 +135,8 @@ def run(label: str, policy: str | None, events: bool, n_sims: int, a: argparse.N
                         "--prefix-len", str(a.prefix_len), "--num-groups", str(a.groups),
                         "--input-len", str(a.input_len), "--output-len", str(a.output_len),
                         "--num-requests", str(a.conversations * a.turns),
-                        "--concurrency", str(a.concurrency), "--seed", "1", "--json", out],
+                        "--concurrency", str(a.concurrency), "--seed", "1",
+                        "--conversation-sampling", a.conversation_sampling, "--json", out],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(out) as f:
             res = json.load(f)
@@ -156,6 +157,12 @@ def main() -> int:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--conversation-sampling", choices=("random", "round_robin"), default="random",
+                   help="motor bench --conversation-sampling: random = the next request "
+                        "continues any ready conversation (independent users); round_robin = "
+                        "conversations in a fixed cycle, which lines them up with a round-robin "
+                        "router when their number is a multiple of the instances' "
+                        "(docs/benchmarks.md)")
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--num-gpu-blocks", type=int, default=8192)
     p.add_argument("--only", default="", help="comma list of kv_affinity-ev, kv_affinity "
@@ -193,7 +200,7 @@ def main() -> int:
     rr_ttft = rows[1][1]["metrics"]["TTFT"]["average"]
     print(f"\n{a.conversations} conversations x {a.turns} turns, {a.groups} system prompts of "
           f"{a.prefix_len} tokens, input {a.input_len}, output {a.output_len}, concurrency "
-          f"{a.concurrency}, 4 sims x {a.num_gpu_blocks} blocks of 16 tokens, max-model-len "
+          f"{a.concurrency}, conversation sampling {a.conversation_sampling}, 4 sims x {a.num_gpu_blocks} blocks of 16 tokens, max-model-len "
           f"{a.max_model_len}, step {a.step_fixed_ms} ms + {a.prefill_token_us} us/prefill token "
           f"+ {a.decode_token_us} us/decoding sequence\n")
     print("| policy | cached-token share | of oracle | mean TTFT (ms) | P90 TTFT (ms) | "

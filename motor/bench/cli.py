@@ -12,8 +12,8 @@ import asyncio
 import json
 import sys
 
-from motor.bench.config import (DATASETS, DEFAULT_CONCURRENCY, DEFAULT_NUM_REQUESTS, BenchConfig,
-                                BenchError)
+from motor.bench.config import (CONVERSATION_SAMPLING, DATASETS, DEFAULT_CONCURRENCY,
+                                DEFAULT_NUM_REQUESTS, BenchConfig, BenchError)
 
 
 def _json_object(text: str) -> dict:
@@ -85,6 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="conversations of the multi-turn dataset")
     d.add_argument("--turns", type=_positive_int, default=4,
                    help="turns per conversation of the multi-turn dataset")
+    d.add_argument("--conversation-sampling", choices=CONVERSATION_SAMPLING,
+                   default="round_robin",
+                   help="which ready conversation the next request continues: round_robin = "
+                        "the one waiting longest (conversations cycle in a fixed order), random "
+                        "= any ready one, drawn with --seed (independent users; a fixed cycle "
+                        "can line conversations up with a round-robin router's rotation)")
     d.add_argument("--seed", type=int, default=0,
                    help="seed of the dataset and of the Poisson arrivals (same seed, same prompts)")
 
@@ -127,7 +133,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         dataset=args.dataset, num_requests=args.num_requests, input_len=args.input_len,
         output_len=args.output_len, range_ratio=args.range_ratio, prefix_len=args.prefix_len,
         num_groups=args.num_groups, num_conversations=args.num_conversations, turns=args.turns,
-        seed=args.seed, concurrency=args.concurrency, request_rate=args.request_rate,
+        seed=args.seed, conversation_sampling=args.conversation_sampling,
+        concurrency=args.concurrency, request_rate=args.request_rate,
         stream=args.stream, ignore_eos=args.ignore_eos, duration=args.duration,
         timeout=args.timeout, extra_body=args.extra_body or {}, progress=progress)
 

@@ -8,6 +8,9 @@ from typing import Any
 
 #: dataset names (see :mod:`motor.bench.datasets`)
 DATASETS = ("random", "shared-prefix", "multi-turn")
+#: how the next request picks among the ready conversations (names as in vLLM's
+#: benchmarks/multi_turn/benchmark_serving_multi_turn.py ``--conversation-sampling``)
+CONVERSATION_SAMPLING = ("round_robin", "random")
 #: closed-loop concurrency used when neither a concurrency nor a request rate is given
 DEFAULT_CONCURRENCY = 8
 #: number of requests of the single-turn datasets when none is given
@@ -43,6 +46,7 @@ class BenchConfig:
     num_conversations: int = 16
     turns: int = 4
     seed: int = 0
+    conversation_sampling: str = "round_robin"
     # load
     concurrency: int | None = None
     request_rate: float | None = None
@@ -77,6 +81,8 @@ class BenchConfig:
         for name in ("input_len", "output_len", "num_groups", "num_conversations", "turns"):
             if int(getattr(self, name)) < 1:
                 raise bad(name, "an integer >= 1")
+        if self.conversation_sampling not in CONVERSATION_SAMPLING:
+            raise bad("conversation_sampling", "one of " + ", ".join(CONVERSATION_SAMPLING))
         if self.prefix_len < 0:
             raise bad("prefix_len", "an integer >= 0")
         if self.num_requests is not None and self.num_requests < 1:

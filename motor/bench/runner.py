@@ -5,9 +5,11 @@ concurrency) for the whole run.  A single dispatcher starts requests: in
 closed loop it starts one whenever fewer than ``concurrency`` are in flight;
 with ``request_rate`` it starts them at Poisson arrival times (exponential
 gaps, seeded), still under the concurrency cap if one is set.  Each started
-request takes the next *ready* conversation: one-turn conversations are always
+request takes a *ready* conversation: one-turn conversations are always
 ready; a multi-turn conversation is ready again once its previous turn has
-been answered (its next turn then carries that answer in its history).
+been answered (its next turn then carries that answer in its history).  With
+``conversation_sampling="round_robin"`` it is the one that has waited longest;
+with ``"random"`` any ready one, drawn from a generator seeded with ``seed``.
 """
 from __future__ import annotations
 
@@ -33,6 +35,36 @@ class _ConvState:
     conv: Conversation
     next_turn: int = 0
     history: list[tuple[str, str]] = field(default_factory=list)
+
+
+class _ReadyPool:
+    """Conversations whose next turn can be sent; ``get`` waits for one."""
+
+    def __init__(self, sampling: str, seed: int) -> None:
+        self._items: list[_ConvState] = []
+        self._head = 0
+        self._random = sampling == "random"
+        self._rng = np.random.default_rng([seed, 2])
+        self._nonempty = asyncio.Event()
+
+    def put(self, state: _ConvState) -> None:
+        self._items.append(state)
+        self._nonempty.set()
+
+    async def get(self) -> _ConvState:
+        while self._head >= len(self._items):
+            self._nonempty.clear()
+            await self._nonempty.wait()
+        if self._random:
+            i = self._head + int(self._rng.integers(len(self._items) - self._head))
+            items = self._items
+            items[i], items[self._head] = items[self._head], items[i]
+        state = self._items[self._head]
+        self._head += 1
+        if self._head > 1024 and self._head * 2 > len(self._items):
+            del self._items[:self._head]
+            self._head = 0
+        return state
 
 
 def _error_text(body: bytes) -> str:
@@ -296,9 +328,9 @@ async def _run(config: BenchConfig, session: aiohttp.ClientSession, model: str,
     from tqdm import tqdm
 
     url = config.target_url
-    ready: asyncio.Queue[_ConvState] = asyncio.Queue()
+    ready = _ReadyPool(config.conversation_sampling, config.seed)
     for c in convs:
-        ready.put_nowait(_ConvState(c))
+        ready.put(_ConvState(c))
     sem = asyncio.Semaphore(cap) if cap else None
     arrivals = np.random.default_rng([config.seed, 1])
     results: list[RequestResult] = []
@@ -329,7 +361,7 @@ async def _run(config: BenchConfig, session: aiohttp.ClientSession, model: str,
             if sem is not None:
                 sem.release()
             if state.next_turn < len(state.conv.turns):
-                ready.put_nowait(state)
+                ready.put(state)
 
     async def dispatch() -> None:
         issued = 0

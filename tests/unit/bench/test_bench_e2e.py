@@ -171,6 +171,29 @@ def test_multi_turn_sends_turns_in_order_with_answers(endpoint):
     assert res.cached_share == 0.0
 
 
+def test_conversation_sampling_orders():
+    """round_robin cycles the conversations; random draws any ready one, reproducibly per
+    seed, and still sends every turn of a conversation in order."""
+    def order(sampling: str, seed: int) -> list[tuple[int, int]]:
+        with FakeOpenAI(cached=0) as srv:
+            res = bench(srv.url, dataset="multi-turn", num_conversations=6, turns=5,
+                        prefix_len=0, concurrency=1, conversation_sampling=sampling, seed=seed)
+        assert (res.completed, res.failed) == (30, 0)
+        return [(r.conversation, r.turn) for r in res.requests]  # send order (one in flight)
+
+    rr = order("round_robin", 0)
+    assert rr == [(c, t) for t in range(5) for c in range(6)]
+    a, b, c = order("random", 0), order("random", 0), order("random", 7)
+    assert a == b and a != c
+    for o in (a, c):
+        assert o != rr and sorted(o) == sorted(rr)
+        for conv in range(6):
+            assert [t for cv, t in o if cv == conv] == list(range(5))
+    with pytest.raises(BenchError, match="conversation_sampling: expected one of round_robin, "
+                       "random, got 'shuffle'"):
+        BenchConfig(conversation_sampling="shuffle").validate()
+
+
 def test_request_rate_and_num_requests_cap():
     with FakeOpenAI() as srv:
         res = bench(srv.url, num_requests=10, request_rate=200.0, seed=1)
