@@ -134,8 +134,9 @@ def run(label: str, policy: str | None, events: bool, n_sims: int, a: argparse.N
                         "--num-conversations", str(a.conversations), "--turns", str(a.turns),
                         "--prefix-len", str(a.prefix_len), "--num-groups", str(a.groups),
                         "--input-len", str(a.input_len), "--output-len", str(a.output_len),
+                        "--range-ratio", str(a.range_ratio),
                         "--num-requests", str(a.conversations * a.turns),
-                        "--concurrency", str(a.concurrency), "--seed", "1",
+                        "--concurrency", str(a.concurrency), "--seed", str(a.seed),
                         "--conversation-sampling", a.conversation_sampling, "--json", out],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(out) as f:
@@ -151,12 +152,17 @@ def main() -> int:
     p.add_argument("--conversations", type=int, default=32)
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--prefix-len", type=int, default=2048)
-    p.add_argument("--groups", type=int, default=8,
+    p.add_argument("--groups", type=int, default=32,
                    help="distinct system prompts (conversation c uses prompt c %% groups: "
-                        "8 = one per group of 4 conversations)")
+                        "32 = one per conversation, 8 = one per group of 4 conversations)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1,
+                   help="motor bench --seed (the prompts and the conversation draws)")
+    p.add_argument("--range-ratio", type=float, default=0.0,
+                   help="motor bench --range-ratio (user turn and answer lengths vary by this "
+                        "share)")
     p.add_argument("--conversation-sampling", choices=("random", "round_robin"), default="random",
                    help="motor bench --conversation-sampling: random = the next request "
                         "continues any ready conversation (independent users); round_robin = "
@@ -200,7 +206,9 @@ def main() -> int:
     rr_ttft = rows[1][1]["metrics"]["TTFT"]["average"]
     print(f"\n{a.conversations} conversations x {a.turns} turns, {a.groups} system prompts of "
           f"{a.prefix_len} tokens, input {a.input_len}, output {a.output_len}, concurrency "
-          f"{a.concurrency}, conversation sampling {a.conversation_sampling}, 4 sims x {a.num_gpu_blocks} blocks of 16 tokens, max-model-len "
+          f"{a.concurrency}, seed {a.seed}, range ratio {a.range_ratio}, conversation sampling "
+          f"{a.conversation_sampling}, 4 sims x {a.num_gpu_blocks} blocks of 16 tokens, "
+          f"max-model-len "
           f"{a.max_model_len}, step {a.step_fixed_ms} ms + {a.prefill_token_us} us/prefill token "
           f"+ {a.decode_token_us} us/decoding sequence\n")
     print("| policy | cached-token share | of oracle | mean TTFT (ms) | P90 TTFT (ms) | "
