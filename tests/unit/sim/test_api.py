@@ -208,6 +208,31 @@ def test_validation_errors(sim):
     assert _error(sim, "/v1/completions", {"prompt": "x", "stop": 5})[0] == 400
 
 
+def test_sampling_ranges_like_vllm(sim):
+    """vLLM's SamplingParams range checks (vllm/sampling_params.py) give the same 400s."""
+    for field, value, text in (
+            ("temperature", -0.5, "temperature must be non-negative, got -0.5."),
+            ("temperature", 2.5, "temperature must be in [0, 2], got 2.5."),
+            ("top_p", 0, "top_p must be in (0, 1], got 0.0."),
+            ("top_p", 1.5, "top_p must be in (0, 1], got 1.5."),
+            ("top_k", -2, "top_k must be 0 (disable), or at least 1, got -2."),
+            ("min_p", 1.1, "min_p must be in [0, 1], got 1.1."),
+            ("presence_penalty", 3, "presence_penalty must be in [-2, 2], got 3.0."),
+            ("frequency_penalty", -2.5, "frequency_penalty must be in [-2, 2], got -2.5."),
+            ("repetition_penalty", 0, "repetition_penalty must be greater than zero, got 0.0."),
+            ("temperature", "hot", "temperature: Input should be a valid number, got 'hot'")):
+        for path, base in (("/v1/completions", {"prompt": "x"}),
+                           ("/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "x"}]})):
+            status, err = _error(sim, path, {**base, "max_tokens": 2, field: value})
+            assert (status, err["message"], err["param"]) == (400, text, field), (path, field)
+    # the edges vLLM accepts
+    for field, value in (("temperature", 0), ("temperature", 2), ("top_p", 1), ("top_k", -1),
+                         ("top_k", 0), ("min_p", 0), ("presence_penalty", -2),
+                         ("repetition_penalty", 2.0), ("temperature", None)):
+        _completion(sim, prompt="x", max_tokens=2, **{field: value})
+
+
 def test_models_health_version_metrics(sim):
     m = get_json(sim.port, "/v1/models")
     assert m["object"] == "list"

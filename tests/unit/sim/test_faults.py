@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 
 import pytest
@@ -106,6 +107,39 @@ def test_hang_blocks_generation_but_not_health(sim_nofault):
     wait_until(lambda: get_json(sim.port, "/admin/stats")["aborted"] == before + 1, what="abort")
     status, d = post_json(sim.port, "/v1/completions", {"prompt": "x", "max_tokens": 3})
     assert status == 200
+
+
+def test_chat_role_chunk_waits_for_the_first_token(sim_nofault):
+    """Like vLLM, the chat stream's role chunk comes with the engine's first output: an
+    engine stuck before prefill has sent no SSE event (a gateway may still retry)."""
+    sim = sim_nofault
+    _fault(sim, mode="hang")
+    body = json.dumps({"model": "motor-sim", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 2, "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", sim.port), timeout=5) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = b""
+        s.settimeout(0.5)
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+        except (socket.timeout, TimeoutError):
+            pass
+        assert b"data:" not in got
+        _fault(sim, mode="none")
+        s.settimeout(10)
+        while b"data: [DONE]" not in got:
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+    events = [json.loads(line[6:]) for line in got.split(b"\r\n\r\n", 1)[1].split(b"\n")
+              if line.startswith(b"data: {")]
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[1:]) != ""
 
 
 def test_hang_health_also_blocks_health(sim_nofault):
