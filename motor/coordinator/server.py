@@ -345,7 +345,7 @@ class Coordinator:
         load = _Load(tokens, max_tokens)
         try:
             res = await self._dispatch(route.path, raw, with_ids, fwd, model, info, load, set(),
-                                       stream)
+                                       stream, candidates)
         except asyncio.CancelledError:
             metrics.CLIENT_DISCONNECTS.labels("before_answer").inc()
             raise
@@ -374,11 +374,14 @@ class Coordinator:
     async def _dispatch(self, path: bytes, raw: bytes, with_ids: bytes,
                         fwd: list[tuple[bytes, bytes]], model: str | None, info: RequestInfo,
                         load: "_Load", tried: set[EndpointState],
-                        stream: bool) -> "_Fail | _Whole | _Sse":
+                        stream: bool, first: "list[EndpointState] | None" = None,
+                        ) -> "_Fail | _Whole | _Sse":
         """Send the request to an endpoint, retrying on another one (bounded, with backoff)
         while nothing reached the client: transport errors, an endpoint leaving the routable
         set, retryable statuses (:func:`retryable_status`). A streamed answer comes back open
-        (:class:`_Sse`, its endpoint still acquired); any other answer is read whole."""
+        (:class:`_Sse`, its endpoint still acquired); any other answer is read whole.
+        ``first``: the candidate list for the first attempt when the caller just built it
+        (no await in between); later attempts rebuild it."""
         last_error = "no attempt made"
         last_answer: _Whole | None = None
         idle_s = self.stream_idle_step_s if stream else self.idle_timeout_s
@@ -387,7 +390,9 @@ class Coordinator:
         for attempt in range(self.max_attempts):
             if attempt:
                 await asyncio.sleep(min(self.backoff_s * (2 ** (attempt - 1)), self.backoff_max_s))
-            candidates = self.table.candidates(Role.UNION, model)
+            # the caller's list serves the first attempt (built microseconds ago)
+            candidates = first if attempt == 0 and first is not None else \
+                self.table.candidates(Role.UNION, model)
             if not candidates:
                 break
             ep = self.policy.pick(candidates, info, tried)
