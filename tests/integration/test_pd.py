@@ -307,3 +307,30 @@ async def test_pd_request_id_empty_is_made_up_and_too_long_is_400(mode: str) -> 
         assert c.gw.inflight() == 0
     finally:
         await c.stop()
+
+
+@run_async
+async def test_pd_prefill_retry_reuses_the_routing_key() -> None:
+    """kv_affinity as prefill policy tokenizes a request once, also when its prefill leg is
+    retried on another instance (503 from both prefills once)."""
+    c = await Cluster("pd_prefill_first", pd={"prefill_policy": "kv_affinity"},
+                      retries={"max_attempts": 3, "backoff_s": 0.0}).start()
+    try:
+        policy = c.gw.coord.pd.prefill_policy
+        calls = []
+        orig = policy.prepare
+
+        def counting(info: Any, route: str, body: dict[str, Any]) -> None:
+            calls.append(route)
+            orig(info, route, body)
+        policy.prepare = counting  # type: ignore[method-assign]
+        for i in range(2):
+            c.sim("prefill", i).faults.set({"mode": "error", "status": 503, "count": 1})
+        req = {"model": "m", "prompt": "retry me " * 8, "max_tokens": 4}
+        st, _, body = await http(c.gw.port, "POST", "/v1/completions", orjson.dumps(req),
+                                 timeout=20)
+        assert st == 200, body
+        assert len([b for r, _, b in c.bodies if r == "prefill"]) == 3   # 503, 503, answer
+        assert calls == ["completions"]
+    finally:
+        await c.stop()

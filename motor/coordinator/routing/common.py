@@ -309,7 +309,8 @@ class PdMode:
         if not cands:
             return None
         policy = self.prefill_policy if role is Role.PREFILL else self.decode_policy
-        if policy.uses_prefix and role is Role.PREFILL:
+        if policy.uses_prefix and role is Role.PREFILL and ctx.info.block_hashes is None:
+            # once per request: a prefill retry reuses the routing key
             policy.prepare(ctx.info, "chat" if ctx.chat else "completions", ctx.body)
         ep = policy.pick(cands, ctx.info, exclude)
         if ep is not None:
