@@ -304,12 +304,17 @@ class Coordinator:
             fwd.append((b"authorization", self.worker_auth))
         return body, model, fwd, rid
 
-    async def _proxy(self, route: _Route, req: Request, resp: Response) -> None:
+    async def _proxy(self, route: _Route, req: Request, resp: Response,
+                     parsed: "tuple[dict[str, Any], str | None, list[tuple[bytes, bytes]], bytes]"
+                     " | None" = None) -> None:
+        """Union path. ``parsed``: :meth:`parse_request`'s result when the caller already has
+        it (a PD mode falling back to union instances)."""
         t0 = time.perf_counter()
         raw = req.body
-        parsed = self.parse_request(route, req, resp)
         if parsed is None:
-            return
+            parsed = self.parse_request(route, req, resp)
+            if parsed is None:
+                return
         body, model, fwd, rid = parsed
         rid_header = ((b"x-request-id", rid),)
 

@@ -242,7 +242,7 @@ class PdMode:
         if not table.candidates(Role.PREFILL, model) or not table.candidates(Role.DECODE, model):
             if self.fallback_to_union and table.candidates(Role.UNION, model):
                 PD_REQUESTS.labels(self.name, "fallback_union").inc()
-                await self.coord._proxy(route, req, resp)
+                await self.coord._proxy(route, req, resp, parsed)
                 return
             PD_REQUESTS.labels(self.name, "no_instance").inc()
             if model is not None and not table.has_model(model):
