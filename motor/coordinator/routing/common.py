@@ -333,6 +333,22 @@ class PdMode:
                     return b"".join(parts)
                 parts.append(chunk)
 
+    def transport_failed(self, leg: str, ep: EndpointState, e: BaseException) -> str:
+        """Count a leg's transport failure on ``ep`` (metric, breaker) and return the reason
+        to retry elsewhere: a refused, reset or closed connection, or a connect timeout.
+        Raises :class:`LegFailed` (504) for a timeout once connected (the engine may be
+        working on it: not retried)."""
+        if isinstance(e, UpstreamTimeout):
+            metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
+            ep.failed()
+            if e.phase != "connect":
+                raise LegFailed(504, f"{leg} instance {ep.instance_id} did not answer within "
+                                     f"{e.timeout_s:g} s") from None
+            return f"{ep.url}: {e}"
+        metrics.UPSTREAM_ERRORS.labels(ep.url, "closed").inc()
+        ep.failed(certain=isinstance(e, ConnectionRefusedError))
+        return f"{ep.url}: {type(e).__name__}: {e}"
+
     async def prefill(self, ctx: Ctx, body: bytes, exclude: set[EndpointState],
                       ep: EndpointState | None = None) -> tuple[EndpointState, dict[str, Any]]:
         """Run a non-streamed prefill leg to its end, retrying transport failures and
@@ -356,18 +372,8 @@ class PdMode:
                                          self.prefill_timeout_s)
                     status = up.status
                     data = await self.read_whole(up)
-                except UpstreamTimeout as e:
-                    metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
-                    ep.failed()
-                    if e.phase == "connect":
-                        last = f"{ep.url}: {e}"
-                        continue
-                    raise LegFailed(504, f"prefill instance {ep.instance_id} did not answer "
-                                         f"within {e.timeout_s:g} s") from None
-                except (UpstreamClosed, OSError) as e:
-                    metrics.UPSTREAM_ERRORS.labels(ep.url, "closed").inc()
-                    ep.failed(certain=isinstance(e, ConnectionRefusedError))
-                    last = f"{ep.url}: {type(e).__name__}: {e}"
+                except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+                    last = self.transport_failed("prefill", ep, e)
                     continue
             finally:
                 ep.release(tokens, tokens, 0)
@@ -417,18 +423,8 @@ class PdMode:
                                      self.keepalive_s or self.idle_timeout_s)
                 ok = True
                 return ep, up
-            except UpstreamTimeout as e:
-                metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
-                ep.failed()
-                if e.phase == "connect":
-                    last = f"{ep.url}: {e}"
-                    continue
-                raise LegFailed(504, f"decode instance {ep.instance_id} did not answer within "
-                                     f"{e.timeout_s:g} s") from None
-            except (UpstreamClosed, OSError) as e:
-                metrics.UPSTREAM_ERRORS.labels(ep.url, "closed").inc()
-                ep.failed(certain=isinstance(e, ConnectionRefusedError))
-                last = f"{ep.url}: {type(e).__name__}: {e}"
+            except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+                last = self.transport_failed("decode", ep, e)
                 continue
             finally:
                 if not ok:
