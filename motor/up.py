@@ -10,7 +10,6 @@ timeout), so nothing is left behind.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import os
@@ -27,27 +26,12 @@ from typing import Callable
 from motor.config import ClusterConfig, load_config, load_default_config
 from motor.config.load import parse_config
 from motor.errors import ConfigError
+from motor.procs import die_with_parent
 
 logger = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _load_prctl() -> "object | None":
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-# resolved in the parent: the forked child only makes system calls (no import, no lock)
-_PRCTL = _load_prctl()
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    os.setsid()
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)  # type: ignore[operator]
+# each child gets its own session and SIGTERM when motor up dies
+_PREEXEC = die_with_parent(signal.SIGTERM, new_session=True)
 
 
 class Cluster:
@@ -90,7 +74,7 @@ class Cluster:
         else:
             out = None  # type: ignore[assignment]
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                             preexec_fn=_die_with_parent, env=env)
+                             preexec_fn=_PREEXEC, env=env)
         logger.info("started %s (pid %d)", name, p.pid)
         self.procs.append((name, p))
 

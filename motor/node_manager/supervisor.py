@@ -51,6 +51,7 @@ from motor.http import Client
 from motor.node_manager.engines import ProcessSpec, full_env
 from motor.node_manager.health import HealthProbe, VirtualInference
 from motor.node_manager.npu import NpuMonitor, visible_devices
+from motor.procs import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -192,24 +193,9 @@ async def terminate_group(proc: asyncio.subprocess.Process, timeout_s: float, na
     return rc
 
 
-def _load_prctl() -> "Callable[..., int] | None":
-    try:
-        import ctypes
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
-    except (OSError, AttributeError):
-        return None
-
-
-# resolved here, in the parent: the child of a fork in a threaded process must not import or
-# take locks (an import lock held by another thread at fork time deadlocks the child, and the
-# parent then waits for its exec forever)
-_PRCTL = _load_prctl()
-_PR_SET_PDEATHSIG = 1
-
-
-def _pdeathsig() -> None:  # pragma: no cover - runs in the child
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+# an engine gets SIGKILL when its node manager dies (it is in its own session, so a
+# signal to the node manager's group does not reach it)
+_PDEATHSIG = die_with_parent(signal.SIGKILL)
 
 
 def rotate_log(path: str, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUPS) -> bool:
@@ -386,7 +372,7 @@ class EngineProcess:
             os.write(fd, header.encode())
             kwargs: dict[str, object] = {}
             if sys.platform.startswith("linux"):
-                kwargs["preexec_fn"] = _pdeathsig
+                kwargs["preexec_fn"] = _PDEATHSIG
             return await asyncio.create_subprocess_exec(
                 *self.spec.argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
                 env=full_env(self.spec.env), start_new_session=True, **kwargs)  # type: ignore[arg-type]
