@@ -88,11 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--conversation-sampling", choices=CONVERSATION_SAMPLING,
                    default="round_robin",
                    help="which ready conversation the next request continues: round_robin = "
-                        "the one waiting longest (conversations cycle in a fixed order), random "
+                        "the one waiting longest (a fixed cycle while answers come back in "
+                        "order), random "
                         "= any ready one, drawn with --seed (independent users; a fixed cycle "
                         "can line conversations up with a round-robin router's rotation)")
     d.add_argument("--seed", type=int, default=0,
-                   help="seed of the dataset and of the Poisson arrivals (same seed, same prompts)")
+                   help="seed of the dataset, of the Poisson arrivals and of the random "
+                        "conversation draws (same seed, same prompts)")
 
     l = parser.add_argument_group("load")
     l.add_argument("--concurrency", type=_positive_int, default=None,

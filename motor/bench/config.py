@@ -83,6 +83,8 @@ class BenchConfig:
                 raise bad(name, "an integer >= 1")
         if self.conversation_sampling not in CONVERSATION_SAMPLING:
             raise bad("conversation_sampling", "one of " + ", ".join(CONVERSATION_SAMPLING))
+        if self.seed < 0:
+            raise bad("seed", "an integer >= 0")
         if self.prefix_len < 0:
             raise bad("prefix_len", "an integer >= 0")
         if self.num_requests is not None and self.num_requests < 1:

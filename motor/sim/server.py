@@ -92,15 +92,22 @@ def _get_int(body: dict[str, Any], key: str, default: int | None = None) -> int 
 
 
 def _get_float(body: dict[str, Any], key: str, default: float) -> float:
+    """A number field, converted like vLLM's pydantic models do in lax mode (a bool is 0/1,
+    a numeric string its value); 400 otherwise."""
     v = body.get(key, default)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _bad(f"{key}: Input should be a valid number, got {v!r}", key)
-    return float(v)
+    if isinstance(v, (int, float)):   # bool included
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v.strip())
+        except ValueError:
+            pass
+    raise _bad(f"{key}: Input should be a valid number, got {v!r}", key)
 
 
-def _check_sampling_ranges(body: dict[str, Any]) -> None:
+def _check_sampling_ranges(body: dict[str, Any], n: int) -> None:
     """vLLM's range checks of the sampling parameters, with its wording (400).
 
     Source: ``SamplingParams._verify_args`` in vllm/sampling_params.py (the version of
@@ -123,6 +130,7 @@ def _check_sampling_ranges(body: dict[str, Any]) -> None:
         raise _bad(f"temperature must be non-negative, got {v}.", "temperature")
     if v > 2.0:
         raise _bad(f"temperature must be in [0, 2], got {v}.", "temperature")
+    greedy = v == 0.0   # vLLM raises a temperature in (0, 0.01) to 0.01: only 0 is greedy
     v = _get_float(body, "top_p", 1.0)
     if not 0.0 < v <= 1.0:
         raise _bad(f"top_p must be in (0, 1], got {v}.", "top_p")
@@ -133,6 +141,8 @@ def _check_sampling_ranges(body: dict[str, Any]) -> None:
     v = _get_float(body, "min_p", 0.0)
     if not 0.0 <= v <= 1.0:
         raise _bad(f"min_p must be in [0, 1], got {v}.", "min_p")
+    if greedy and n > 1:   # SamplingParams._verify_greedy_sampling
+        raise _bad(f"n must be 1 when using greedy sampling, got {n}.", "n")
 
 
 def _get_bool(body: dict[str, Any], key: str, default: bool) -> bool:
@@ -489,7 +499,7 @@ class SimServer:
         assert n is not None
         if n < 1:
             raise _bad(f"n must be at least 1, got {n}.", "n")
-        _check_sampling_ranges(body)
+        _check_sampling_ranges(body, n)
         max_tokens = _get_int(body, "max_completion_tokens") if chat else None
         if max_tokens is None:
             max_tokens = _get_int(body, "max_tokens")
@@ -741,18 +751,20 @@ class SimServer:
             await ereq.wait()
             seqs = ereq.take_dirty()
             out = []
-            if role_pending:
-                role_pending = False
-                for s in ereq.seqs:
-                    choice = {"index": s.index, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None}
-                    out.append(self._chunk(ctx, choice, s, extra_top=(
-                        b',"prompt_token_ids":' + orjson.dumps(ctx.prompt_ids[0])
-                        if ctx.return_token_ids and s.index == 0 else b"")))
             for s in seqs:
                 c = self._delta_chunk(ctx, s)
                 if c:
                     out.append(c)
+            if role_pending and out:   # not when the engine ends the request without output
+                role_pending = False
+                first = []
+                for s in ereq.seqs:
+                    choice = {"index": s.index, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}
+                    first.append(self._chunk(ctx, choice, s, completion_tokens=0, extra_top=(
+                        b',"prompt_token_ids":' + orjson.dumps(ctx.prompt_ids[0])
+                        if ctx.return_token_ids and s.index == 0 else b"")))
+                out[:0] = first
             if out:
                 resp.write(b"".join(out))
             if ctx.drop_after is not None and ctx.tokens_sent >= ctx.drop_after:
@@ -781,12 +793,15 @@ class SimServer:
         resp.end(SSE_DONE)
 
     def _chunk(self, ctx: _Ctx, choice: dict[str, Any], s: Sequence, extra_top: bytes = b"",
-               ) -> bytes:
+               completion_tokens: int | None = None) -> bytes:
+        """One SSE chunk of ``s``; continuous usage counts ``completion_tokens`` (default: the
+        tokens generated so far; the role chunk says 0, as in vLLM)."""
         tail = b"]"
         if ctx.continuous_usage:
             pi = s.index // ctx.n
+            done = s.num_output if completion_tokens is None else completion_tokens
             tail += b',"usage":' + orjson.dumps(self._usage(
-                len(ctx.prompt_ids[pi]), s.num_output, s.cached_tokens, omit_none=ctx.chat))
+                len(ctx.prompt_ids[pi]), done, s.cached_tokens, omit_none=ctx.chat))
         elif not ctx.chat:
             tail += b',"usage":null'
         return ctx.prefix + orjson.dumps(choice) + tail + extra_top + b"}\n\n"

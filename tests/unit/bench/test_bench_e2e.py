@@ -192,6 +192,8 @@ def test_conversation_sampling_orders():
     with pytest.raises(BenchError, match="conversation_sampling: expected one of round_robin, "
                        "random, got 'shuffle'"):
         BenchConfig(conversation_sampling="shuffle").validate()
+    with pytest.raises(BenchError, match="seed: expected an integer >= 0, got -1"):
+        BenchConfig(seed=-1).validate()
 
 
 def test_request_rate_and_num_requests_cap():

@@ -78,6 +78,7 @@ def test_chat_stream_role_first_and_continuous_usage(sim):
     first, *toks, last = events
     assert first["object"] == "chat.completion.chunk"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert (first["usage"]["completion_tokens"], first["usage"]["total_tokens"]) == (0, 21)
     assert len(toks) == 3
     for k, c in enumerate(toks, 1):
         assert c["usage"]["completion_tokens"] == k and c["usage"]["prompt_tokens"] == 21
@@ -220,17 +221,25 @@ def test_sampling_ranges_like_vllm(sim):
             ("presence_penalty", 3, "presence_penalty must be in [-2, 2], got 3.0."),
             ("frequency_penalty", -2.5, "frequency_penalty must be in [-2, 2], got -2.5."),
             ("repetition_penalty", 0, "repetition_penalty must be greater than zero, got 0.0."),
-            ("temperature", "hot", "temperature: Input should be a valid number, got 'hot'")):
+            ("temperature", "hot", "temperature: Input should be a valid number, got 'hot'"),
+            ("top_p", False, "top_p must be in (0, 1], got 0.0."),       # pydantic lax: 0.0
+            ("temperature", "nan", "temperature must be a finite number, got nan."),
+            ("n", 2, "n must be 1 when using greedy sampling, got 2.")):
+        extra = {"temperature": 0} if field == "n" else {}
         for path, base in (("/v1/completions", {"prompt": "x"}),
                            ("/v1/chat/completions",
                             {"messages": [{"role": "user", "content": "x"}]})):
-            status, err = _error(sim, path, {**base, "max_tokens": 2, field: value})
+            status, err = _error(sim, path, {**base, "max_tokens": 2, field: value, **extra})
             assert (status, err["message"], err["param"]) == (400, text, field), (path, field)
     # the edges vLLM accepts
     for field, value in (("temperature", 0), ("temperature", 2), ("top_p", 1), ("top_k", -1),
                          ("top_k", 0), ("min_p", 0), ("presence_penalty", -2),
-                         ("repetition_penalty", 2.0), ("temperature", None)):
+                         ("repetition_penalty", 2.0), ("temperature", None),
+                         ("temperature", "0.5"), ("temperature", True)):
         _completion(sim, prompt="x", max_tokens=2, **{field: value})
+    # greedy with one choice, sampling with two
+    _completion(sim, prompt="x", max_tokens=2, temperature=0, n=1)
+    _completion(sim, prompt="x", max_tokens=2, temperature=0.01, n=2)
 
 
 def test_models_health_version_metrics(sim):
