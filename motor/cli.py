@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 # sub-command -> (module with add_arguments/main, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -22,15 +25,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def port_number(v: str) -> int:
-    """argparse type: a port 0..65535 (0 = any free port)."""
-    try:
-        i = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {v!r}") from None
-    if not 0 <= i <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {i}")
-    return i
+def _bounded(cast: "Callable[[str], T]", ok: "Callable[[T], bool]", expected: str,
+             ) -> "Callable[[str], T]":
+    """An argparse type: ``cast`` the text, then require ``ok``; the error says ``expected``."""
+    def parse(v: str) -> T:
+        try:
+            x = cast(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {v!r}") from None
+        if not ok(x):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {x}")
+        return x
+    return parse
+
+
+#: argparse type: a port 0..65535 (0 = any free port)
+port_number = _bounded(int, lambda i: 0 <= i <= 65535, "a port number 0..65535")
+#: argparse type: an integer >= 1
+positive_int = _bounded(int, lambda i: i >= 1, "an integer >= 1")
+#: argparse type: a number > 0
+positive_float = _bounded(float, lambda f: f > 0, "a number > 0")
+#: argparse type: a number >= 0
+non_negative_float = _bounded(float, lambda f: f >= 0, "a number >= 0")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

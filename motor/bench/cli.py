@@ -14,6 +14,7 @@ import sys
 
 from motor.bench.config import (CONVERSATION_SAMPLING, DATASETS, DEFAULT_CONCURRENCY,
                                 DEFAULT_NUM_REQUESTS, BenchConfig, BenchError)
+from motor.cli import positive_float, positive_int
 
 
 def _json_object(text: str) -> dict:
@@ -26,18 +27,6 @@ def _json_object(text: str) -> dict:
     return obj
 
 
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    v = float(text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
-    return v
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,12 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--input-len of user text to the history and carries the previous "
                         "answers; turns of one conversation are sent one after the other), "
                         "conversations of one group share a --prefix-len system prompt")
-    d.add_argument("--num-requests", type=_positive_int, default=None,
+    d.add_argument("--num-requests", type=positive_int, default=None,
                    help=f"requests to send; None = {DEFAULT_NUM_REQUESTS} for random / shared-prefix, "
                         "every turn (--num-conversations x --turns) for multi-turn")
-    d.add_argument("--input-len", type=_positive_int, default=256,
+    d.add_argument("--input-len", type=positive_int, default=256,
                    help="prompt (question / user turn) length in tokens")
-    d.add_argument("--output-len", "--max-tokens", dest="output_len", type=_positive_int,
+    d.add_argument("--output-len", "--max-tokens", dest="output_len", type=positive_int,
                    default=128, help="max_tokens asked for each answer")
     d.add_argument("--range-ratio", type=float, default=0.0,
                    help="input and output lengths are drawn uniformly in "
@@ -79,11 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--prefix-len", type=int, default=1024,
                    help="shared system prompt length in tokens (shared-prefix, multi-turn; "
                         "0 = none for multi-turn)")
-    d.add_argument("--num-groups", type=_positive_int, default=4,
+    d.add_argument("--num-groups", type=positive_int, default=4,
                    help="number of distinct shared system prompts (shared-prefix, multi-turn)")
-    d.add_argument("--num-conversations", type=_positive_int, default=16,
+    d.add_argument("--num-conversations", type=positive_int, default=16,
                    help="conversations of the multi-turn dataset")
-    d.add_argument("--turns", type=_positive_int, default=4,
+    d.add_argument("--turns", type=positive_int, default=4,
                    help="turns per conversation of the multi-turn dataset")
     d.add_argument("--conversation-sampling", choices=CONVERSATION_SAMPLING,
                    default="round_robin",
@@ -97,11 +86,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "conversation draws (same seed, same prompts)")
 
     l = parser.add_argument_group("load")
-    l.add_argument("--concurrency", type=_positive_int, default=None,
+    l.add_argument("--concurrency", type=positive_int, default=None,
                    help="max requests in flight; without --request-rate it is a closed loop "
                         f"keeping this many busy; None = {DEFAULT_CONCURRENCY} in closed loop, "
                         "no cap with --request-rate")
-    l.add_argument("--request-rate", type=_positive_float, default=None,
+    l.add_argument("--request-rate", type=positive_float, default=None,
                    help="open loop: start requests at Poisson arrivals of this rate (req/s), "
                         "still capped by --concurrency if given")
     l.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
@@ -110,10 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     l.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=False,
                    help="send ignore_eos: true (vLLM / SGLang extension) so every answer has "
                         "--output-len tokens")
-    l.add_argument("--duration", type=_positive_float, default=None,
+    l.add_argument("--duration", type=positive_float, default=None,
                    help="stop starting new requests after this many seconds (requests in "
                         "flight still finish); None = no limit")
-    l.add_argument("--timeout", type=_positive_float, default=300.0,
+    l.add_argument("--timeout", type=positive_float, default=300.0,
                    help="per-request timeout in seconds (whole answer); a request past it fails")
     l.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",
                    help="JSON object merged into every request body, e.g. '{\"temperature\": 0}'")

@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 
-from motor.cli import port_number
+from motor.cli import non_negative_float, port_number, positive_int
 from motor.sim.engine import EngineConfig
 from motor.sim.faults import MODES, Faults
 from motor.sim.tokenizer import DEFAULT_MODEL_DIR
@@ -42,18 +42,6 @@ def _bool_flag(group: argparse._ActionsContainer, name: str, default: bool, help
                        help=f"turn --{name} off")
 
 
-def _positive_int(v: str) -> int:
-    i = int(v)
-    if i < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {i}")
-    return i
-
-
-def _non_negative_float(v: str) -> float:
-    f = float(v)
-    if f < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {f}")
-    return f
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,14 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                "usage on every stream chunk and a final usage chunk, whatever the request says")
 
     eng = parser.add_argument_group("engine")
-    eng.add_argument("--max-model-len", type=_positive_int, default=4096,
+    eng.add_argument("--max-model-len", type=positive_int, default=4096,
                      help="context length: prompt + output tokens")
-    eng.add_argument("--block-size", type=_positive_int, default=16, help="KV block size in tokens")
-    eng.add_argument("--num-gpu-blocks", type=_positive_int, default=4096,
+    eng.add_argument("--block-size", type=positive_int, default=16, help="KV block size in tokens")
+    eng.add_argument("--num-gpu-blocks", type=positive_int, default=4096,
                      help="KV cache capacity in blocks (default 4096 x 16 = 64k tokens)")
-    eng.add_argument("--max-num-seqs", type=_positive_int, default=256,
+    eng.add_argument("--max-num-seqs", type=positive_int, default=256,
                      help="most sequences in the running batch")
-    eng.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
+    eng.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
                      help="token budget of one step (longer prefills are chunked)")
     _bool_flag(eng, "enable-prefix-caching", True, "reuse cached KV blocks of shared prefixes")
     _bool_flag(eng, "context-keyed-text", False,
@@ -98,13 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="probability that a generated token is EOS (<|im_end|>); 0 = never")
 
     tm = parser.add_argument_group("timing model: step time = (fixed + per-token costs) * scale")
-    tm.add_argument("--time-scale", type=_non_negative_float, default=1.0,
+    tm.add_argument("--time-scale", type=non_negative_float, default=1.0,
                     help="multiplies every step's time; 0 = as fast as possible")
-    tm.add_argument("--step-fixed-ms", type=_non_negative_float, default=2.0,
+    tm.add_argument("--step-fixed-ms", type=non_negative_float, default=2.0,
                     help="fixed cost of one engine step, in ms")
-    tm.add_argument("--prefill-token-us", type=_non_negative_float, default=20.0,
+    tm.add_argument("--prefill-token-us", type=non_negative_float, default=20.0,
                     help="cost of one prefill token in a step, in microseconds")
-    tm.add_argument("--decode-token-us", type=_non_negative_float, default=50.0,
+    tm.add_argument("--decode-token-us", type=non_negative_float, default=50.0,
                     help="cost of one decoding sequence in a step, in microseconds")
 
     fl = parser.add_argument_group("fault injection (also POST /admin/fault at run time)")
@@ -120,15 +108,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "for crash: crash on the COUNT-th generation request")
 
     pd = parser.add_argument_group("prefill/decode disaggregation (--role prefill|decode)")
-    pd.add_argument("--kv-transfer-ms-per-block", type=_non_negative_float, default=0.2,
+    pd.add_argument("--kv-transfer-ms-per-block", type=non_negative_float, default=0.2,
                     help="simulated KV transfer time per block on the decode side, in ms "
                          "(times --time-scale)")
-    pd.add_argument("--kv-lease-s", type=_non_negative_float, default=30.0,
+    pd.add_argument("--kv-lease-s", type=non_negative_float, default=30.0,
                     help="prefill-first: how long P holds blocks that no decode has read")
     pd.add_argument("--disaggregation-bootstrap-port", type=port_number, default=0,
                     help="prefill role: port of the SGLang-style bootstrap server "
                          "(0 = any free port; reported by GET /server_info)")
-    pd.add_argument("--bootstrap-timeout-s", type=_non_negative_float, default=30.0,
+    pd.add_argument("--bootstrap-timeout-s", type=non_negative_float, default=30.0,
                     help="how long a leg waits for its peer (bootstrap room, metaserver push)")
 
     kv = parser.add_argument_group("KV events")
@@ -138,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kv.add_argument("--kv-events-replay-endpoint", default=None,
                     help="ZMQ ROUTER endpoint answering replay requests (bound)")
     kv.add_argument("--kv-events-topic", default="", help="topic frame of KV event messages")
-    kv.add_argument("--kv-events-buffer-steps", type=_positive_int, default=10000,
+    kv.add_argument("--kv-events-buffer-steps", type=positive_int, default=10000,
                     help="batches kept for replay")
     kv.add_argument("--kv-events-config", default=None, metavar="JSON",
                     help="vLLM's flag, for drop-in configs: {enable_kv_cache_events, endpoint, "
