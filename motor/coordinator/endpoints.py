@@ -108,6 +108,16 @@ class EndpointState:
         if self.breaker.state == HALF_OPEN:
             self.breaker.probe_done()
 
+    def lease(self, tokens: int = 0, prefill_tokens: int = 0, decode_tokens: int = 0
+              ) -> "Lease":
+        """Count one request on this endpoint (:meth:`acquire`) until the returned lease is
+        released, exactly once (``with ep.lease(...)`` or :meth:`Lease.release`).
+
+        ``tokens``: prompt + max_tokens; ``prefill_tokens``: the uncached prompt tokens
+        still to compute; ``decode_tokens``: max_tokens."""
+        self.acquire(tokens, prefill_tokens, decode_tokens)
+        return Lease(self, tokens, prefill_tokens, decode_tokens)
+
     def prefill_done(self, prefill_tokens: int) -> None:
         """The engine sent a request's first token: its prefill is over, so its
         ``prefill_tokens`` stop counting as in-flight prefill here. The request stays in
@@ -132,6 +142,46 @@ class EndpointState:
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.key} {self.role.value} {self.url} ready={self.ready}>"
+
+
+class Lease:
+    """One request's load on one endpoint (:meth:`EndpointState.lease`).
+
+    :meth:`prefill_done` moves its prefill tokens out of the endpoint's in-flight prefill
+    at the first token; :meth:`release` gives back what is still counted. Both are
+    idempotent, so a request path can release in a ``finally`` whatever happened."""
+
+    __slots__ = ("ep", "tokens", "prefill_tokens", "decode_tokens", "_held")
+
+    def __init__(self, ep: EndpointState, tokens: int, prefill_tokens: int,
+                 decode_tokens: int) -> None:
+        self.ep = ep
+        self.tokens = tokens
+        self.prefill_tokens = prefill_tokens
+        self.decode_tokens = decode_tokens
+        self._held = True
+
+    def prefill_done(self) -> None:
+        """The engine sent this request's first token (its prefill is over)."""
+        if self._held and self.prefill_tokens:
+            self.ep.prefill_done(self.prefill_tokens)
+            self.prefill_tokens = 0
+
+    def release(self) -> None:
+        """Give the load back (once; later calls do nothing)."""
+        if self._held:
+            self._held = False
+            self.ep.release(self.tokens, self.prefill_tokens, self.decode_tokens)
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class Waiting:
