@@ -1,5 +1,8 @@
-"""Every metric of the coordinator, declared in one place (``motor_coordinator_*``)."""
+"""Every metric of the coordinator, declared in one place (``motor_coordinator_*``), and
+their ``/metrics`` text (:func:`render_metrics`)."""
 from __future__ import annotations
+
+import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -109,3 +112,41 @@ CLIENT_DISCONNECTS = Counter(
     "Requests whose client went away before the answer ended (the upstream request was aborted), "
     "by phase (before_answer, streaming).",
     ["phase"], registry=REGISTRY)
+
+# -- PD modes (motor.coordinator.routing.pd_*, docs/pd.md) -------------------------------
+_PD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+               120.0, 300.0)
+PD_TTFT = Histogram(
+    "motor_coordinator_pd_time_to_first_token_seconds",
+    "PD modes: request received -> first byte of the decode answer sent to the client.",
+    ["mode"], buckets=_PD_BUCKETS, registry=REGISTRY)
+PD_PREFILL = Histogram(
+    "motor_coordinator_pd_prefill_seconds",
+    "PD modes: prefill leg sent -> prefill answer complete (bootstrap: P's answer; "
+    "decode-first: metaserver callback -> P done).", ["mode"], buckets=_PD_BUCKETS,
+    registry=REGISTRY)
+PD_DECODE = Histogram(
+    "motor_coordinator_pd_decode_seconds",
+    "PD modes: decode leg sent -> decode answer complete.", ["mode"], buckets=_PD_BUCKETS,
+    registry=REGISTRY)
+PD_REQUESTS = Counter(
+    "motor_coordinator_pd_requests_total",
+    "PD requests by mode and outcome (ok, prefill_failed, decode_failed, fallback_union, "
+    "no_instance, client_gone).", ["mode", "outcome"], registry=REGISTRY)
+
+#: ``content-type`` of :func:`render_metrics`' text (Prometheus text exposition 0.0.4)
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+def render_metrics() -> bytes:
+    """Prometheus text (exposition format 0.0.4, :data:`CONTENT_TYPE`) of this process's
+    :data:`REGISTRY`; or, when ``PROMETHEUS_MULTIPROC_DIR`` is set (``coordinator.workers
+    > 1``: the supervisor sets it for every child), prometheus-client's multiprocess
+    aggregation of the samples every process wrote there (dead ones included)."""
+    from prometheus_client import generate_latest
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+        reg = CollectorRegistry()
+        multiprocess.MultiProcessCollector(reg)
+        return generate_latest(reg)
+    return generate_latest(REGISTRY)

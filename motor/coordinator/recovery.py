@@ -45,6 +45,8 @@ from typing import Any
 
 import orjson
 
+from motor.protocol.openai import SSE_DONE, max_tokens_field
+
 _loads = orjson.loads
 _dumps = orjson.dumps
 
@@ -114,8 +116,7 @@ def continuable(chat: bool, body: dict[str, Any]) -> str | None:
         if isinstance(p, list) and p and not isinstance(p[0], int):
             if len(p) != 1 or not isinstance(p[0], str):
                 return "batched prompt"
-    mt = body.get("max_tokens") if not chat else (
-        body.get("max_completion_tokens") if body.get("max_tokens") is None else body.get("max_tokens"))
+    mt = max_tokens_field(body, chat)
     if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool)):
         return "max_tokens is not an integer"
     return None
@@ -171,12 +172,9 @@ class StreamRecovery:
         so = body.get("stream_options")
         self.include_usage = isinstance(so, dict) and bool(so.get("include_usage"))
         self.usage_sent = False
-        if chat:
-            mt = body.get("max_tokens")
-            if mt is None:
-                mt = body.get("max_completion_tokens")
-        else:
-            mt = body.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
+        mt = max_tokens_field(body, chat)
+        if mt is None and not chat:
+            mt = COMPLETIONS_DEFAULT_MAX_TOKENS
         self.max_tokens: int | None = mt
         self.min_tokens = body.get("min_tokens") if isinstance(body.get("min_tokens"), int) else 0
         self.events_out = 0            # data events sent to the client
@@ -452,3 +450,84 @@ class StreamRecovery:
                                                      "finish_reason": "length",
                                                      "stop_reason": None}]}
         return b"data: " + _dumps(obj) + b"\n\n" + self.tail_after_finish()
+
+
+# -- the failover decision (union and PD streams) -----------------------------------------
+END, REFUSE, CONTINUE = "end", "refuse", "continue"
+
+
+class Verdict:
+    """What to do once a stream's leg ended (:func:`after_leg`).
+
+    ``action``: :data:`END` (write ``tail``, end the answer: status 200), :data:`REFUSE`
+    (end with one error event, 502: ``tail`` is the engine's own error event + ``[DONE]``
+    when it sent one, else ``None`` and the caller writes one from ``why``) or
+    :data:`CONTINUE` (send ``body`` to ``path`` on another instance). ``reason``: how the
+    leg ended (the ``failovers_total`` label on CONTINUE: broken, engine_error, recomputed,
+    restart). ``engine_ok``: whether the leg counts for its endpoint's breaker (a
+    ``recomputed`` preemption, or a finished stream whose transport was fine)."""
+
+    __slots__ = ("action", "reason", "engine_ok", "tail", "why", "path", "body")
+
+    def __init__(self, action: str, reason: str, engine_ok: bool, tail: bytes | None = b"",
+                 why: str | None = None, path: bytes = b"", body: bytes = b"") -> None:
+        self.action = action
+        self.reason = reason
+        self.engine_ok = engine_ok
+        self.tail = tail
+        self.why = why
+        self.path = path
+        self.body = body
+
+
+def after_leg(rec: StreamRecovery | None, err: BaseException | None, *, legs: int,
+              max_continuations: int, wrote_any: bool, path: bytes, raw: bytes = b"",
+              why_not: str = "") -> Verdict:
+    """The one failover decision, once a leg's events are relayed.
+
+    ``rec``: the stream's recovery state (``None``: not continuable, ``why_not`` says
+    why); ``err``: the transport error that ended the leg (an idle timeout is the caller's:
+    it ends the stream with 504 before asking); ``legs``: continuations so far;
+    ``wrote_any``: whether an event reached the client; ``path`` / ``raw``: the request to
+    send again when a stream without recovery broke before its first event.
+
+    A stream without recovery ends when its engine ended it, is restarted whole while
+    nothing reached the client, else refused. A recoverable one ends at ``[DONE]`` or after
+    its finishing chunk (:meth:`StreamRecovery.tail_after_finish`), ends with a ``length``
+    finish when ``max_tokens`` were all sent, else continues
+    (:meth:`StreamRecovery.continuation`) unless :meth:`StreamRecovery.why_not` or
+    ``max_continuations`` refuses.
+    """
+    if rec is None:
+        if err is None:
+            return Verdict(END, "done", True)
+        reason = "broken"
+    else:
+        reason = rec.leg_end()
+        if reason == "done":
+            return Verdict(END, reason, err is None)
+        if reason == "finished":
+            return Verdict(END, reason, err is None, rec.tail_after_finish())
+    engine_ok = reason == "recomputed"
+    why: str | None
+    if legs >= max_continuations:
+        why = f"{legs} continuation(s) already"
+    elif rec is not None:
+        why = rec.why_not()
+    elif wrote_any:
+        why = f"the request cannot be continued exactly ({why_not})"
+    else:
+        why = None
+    if why is not None:
+        own = rec.engine_error if rec is not None else None
+        tail = own + SSE_DONE if own is not None and own.startswith(b"data:") else None
+        return Verdict(REFUSE, reason, engine_ok, tail, why)
+    if rec is None:
+        return Verdict(CONTINUE, "restart", engine_ok, path=path, body=raw)
+    rem = rec.remaining()
+    if rem is not None and rem <= 0:
+        return Verdict(END, reason, engine_ok, rec.length_tail())
+    path, body = rec.continuation(path)
+    if not wrote_any and reason == "broken":
+        reason = "restart"
+    return Verdict(CONTINUE, reason, engine_ok, path=path, body=body)

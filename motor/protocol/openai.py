@@ -9,6 +9,8 @@ The error body is the one the OpenAI API and vLLM return::
 """
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 _TYPES = {
@@ -47,3 +49,24 @@ def error_body(status: int, message: str, param: str | None = None) -> bytes:
 def sse_error_event(status: int, message: str) -> bytes:
     """An SSE ``data:`` event carrying an OpenAI error object, followed by ``[DONE]``."""
     return b"data: " + error_body(status, message) + b"\n\n" + SSE_DONE
+
+
+def max_tokens_field(body: dict[str, Any], chat: bool) -> Any:
+    """The value that bounds an answer's length, as vLLM reads it (raw, ``None`` if absent).
+
+    Chat (``/v1/chat/completions``): ``max_completion_tokens``, else the deprecated
+    ``max_tokens``; completions: ``max_tokens``. (vLLM ``ChatCompletionRequest``
+    ``to_sampling_params``; ``motor sim`` reads it the same way.)
+    """
+    if chat:
+        v = body.get("max_completion_tokens")
+        if v is not None:
+            return v
+    return body.get("max_tokens")
+
+
+def max_tokens_of(body: dict[str, Any], chat: bool) -> int:
+    """:func:`max_tokens_field` as an integer for load accounting (0 when absent or not an
+    integer; booleans are not integers here)."""
+    v = max_tokens_field(body, chat)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0

@@ -93,7 +93,7 @@ async def test_kill_two_of_four_sims_mid_stream(sims):
                        breaker={"open_s": 5.0}).start()
     try:
         reference = await run_all(gw.port)                    # fault-free, same seeds
-        for i, (text, usage, done) in enumerate(reference):
+        for text, usage, done in reference:
             assert len(text) == MAX_TOKENS and done == 1
             assert usage["completion_tokens"] == MAX_TOKENS
         assert gw.inflight() == 0
@@ -171,7 +171,7 @@ async def test_pd_decode_killed_mid_stream_is_continued(pd_sims, mode):
     gw = await Gateway([(Role.PREFILL if r == "prefill" else Role.DECODE, "127.0.0.1", p)
                         for r, p in backends], mode=mode, breaker={"open_s": 5.0}).start()
     if mode == "pd_decode_first":
-        gw.coord.pd.metaserver_url = f"http://127.0.0.1:{gw.port}/v1/metaserver"
+        gw.coord.path.metaserver_url = f"http://127.0.0.1:{gw.port}/v1/metaserver"
     try:
         reference = await run_pd(gw.port)                     # fault-free, same seeds
         for text, usage, done in reference:

@@ -10,8 +10,8 @@ import pytest
 
 from motor.config.schema import Role
 from motor.sim.engine import EngineConfig
-from motor.sim.pd import PdOptions
-from motor.sim.server import SimOptions, SimServer
+from motor.sim.options import PdOptions, SimOptions
+from motor.sim.server import SimServer
 from tests.support.gateway import Gateway, http, run_async
 
 MODES = ["pd_prefill_first", "pd_decode_first", "pd_bootstrap"]
@@ -25,7 +25,7 @@ class Cluster:
         self.bodies: list[tuple[str, str, dict[str, Any]]] = []   # (role, path, body)
         self.auth: list[bytes | None] = []    # Authorization of every engine request
 
-    async def start(self) -> "Cluster":
+    async def start(self) -> Cluster:
         for role in ("prefill", "prefill", "decode", "decode"):
             s = SimServer(SimOptions(port=0, role=role, model="m",
                                      engine=EngineConfig(time_scale=0.05),
@@ -44,7 +44,7 @@ class Cluster:
                     for s in self.sims]
         self.gw = await Gateway(backends, mode=self.mode, **self.cfg).start()
         if self.mode == "pd_decode_first":
-            self.gw.coord.pd.metaserver_url = f"http://127.0.0.1:{self.gw.port}/v1/metaserver"
+            self.gw.coord.path.metaserver_url = f"http://127.0.0.1:{self.gw.port}/v1/metaserver"
         return self
 
     def log(self, role: str) -> list[tuple[str, dict[str, Any]]]:
@@ -316,7 +316,7 @@ async def test_pd_prefill_retry_reuses_the_routing_key() -> None:
     c = await Cluster("pd_prefill_first", pd={"prefill_policy": "kv_affinity"},
                       retries={"max_attempts": 3, "backoff_s": 0.0}).start()
     try:
-        policy = c.gw.coord.pd.prefill_policy
+        policy = c.gw.coord.path.prefill_policy
         calls = []
         orig = policy.prepare
 

@@ -1,32 +1,46 @@
-"""Request paths of the PD deployment modes (see ``docs/pd.md``).
+"""The coordinator's request paths: one per deployment mode, behind one interface.
 
-:func:`make_pd_mode` builds the handler of ``coordinator.mode``; the coordinator calls
-its ``handle(route, request, response)`` for the two inference routes.
+==================== ============================================ ============================
+``coordinator.mode`` request path                                 file
+==================== ============================================ ============================
+``union``            :class:`~.union.UnionPath`                   ``routing/union.py``
+``pd_prefill_first`` :class:`~.pd_prefill_first.PrefillFirst`     ``routing/pd_prefill_first.py``
+``pd_decode_first``  :class:`~.pd_decode_first.DecodeFirst`       ``routing/pd_decode_first.py``
+``pd_bootstrap``     :class:`~.pd_bootstrap.Bootstrap`            ``routing/pd_bootstrap.py``
+==================== ============================================ ============================
+
+Each is a :class:`~.base.RequestPath`: ``await path.handle(route, request, response)``
+answers one inference request exactly once. What they all share (settings, request
+parsing, forwarded headers, whole-body read, SSE relay, engine error bodies) is in
+``routing/base.py``; what the PD modes share (pair selection, prefill and decode legs) in
+``routing/pd_common.py``. Nothing here imports the HTTP routes (``server.py``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from motor.config.schema import CoordinatorConfig, DeploymentMode
+from motor.coordinator.endpoints import EndpointTable
+from motor.coordinator.policy import Policy
+from motor.coordinator.routing.base import RequestPath, Settings
+from motor.coordinator.routing.pd_bootstrap import Bootstrap
+from motor.coordinator.routing.pd_decode_first import DecodeFirst
+from motor.coordinator.routing.pd_prefill_first import PrefillFirst
+from motor.coordinator.routing.union import UnionPath
 
-from motor.config.schema import DeploymentMode
 
-if TYPE_CHECKING:
-    from motor.coordinator.routing.common import PdMode
-    from motor.coordinator.server import Coordinator
-
-
-def make_pd_mode(coord: "Coordinator") -> "PdMode | None":
-    """The PD handler of ``coord.cfg.mode``; ``None`` for ``union``."""
-    mode = coord.cfg.mode
+def make_path(cfg: CoordinatorConfig, settings: Settings, table: EndpointTable,
+              policy: Policy, union: UnionPath | None = None) -> RequestPath:
+    """The request path of ``cfg.mode``: ``union`` itself (made when not given) in union
+    mode, else a PD path holding it to fall back to."""
+    if union is None:
+        union = UnionPath(settings, table, policy)
+    mode = cfg.mode
     if mode == DeploymentMode.PD_PREFILL_FIRST:
-        from motor.coordinator.routing.pd_prefill_first import PrefillFirst
-        return PrefillFirst(coord)
+        return PrefillFirst(cfg, settings, table, policy, union)
     if mode == DeploymentMode.PD_DECODE_FIRST:
-        from motor.coordinator.routing.pd_decode_first import DecodeFirst
-        return DecodeFirst(coord)
+        return DecodeFirst(cfg, settings, table, policy, union)
     if mode == DeploymentMode.PD_BOOTSTRAP:
-        from motor.coordinator.routing.pd_bootstrap import Bootstrap
-        return Bootstrap(coord)
-    return None
+        return Bootstrap(cfg, settings, table, policy, union)
+    return union
 
 
-__all__ = ["make_pd_mode"]
+__all__ = ["RequestPath", "Settings", "UnionPath", "make_path"]

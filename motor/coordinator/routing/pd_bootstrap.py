@@ -21,7 +21,9 @@ import orjson
 
 from motor.config.schema import Role
 from motor.coordinator.endpoints import EndpointState
-from motor.coordinator.routing.common import PD_PREFILL, Ctx, LegFailed, PdMode
+from motor.coordinator.metrics import PD_PREFILL
+from motor.coordinator.routing.base import engine_error_body, note_status, read_whole
+from motor.coordinator.routing.pd_common import Ctx, LegFailed, PdPath
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +58,13 @@ def with_bootstrap(body: dict[str, Any], host: str, port: int | None) -> dict[st
     return b
 
 
-class Bootstrap(PdMode):
+class Bootstrap(PdPath):
     name = "pd_bootstrap"
 
     async def bootstrap_port(self, ep: EndpointState) -> int | None:
         if ep.bootstrap_port is not None:
             return ep.bootstrap_port
-        client = self.coord.table.client
+        client = self.table.client
         for path in ("/server_info", "/get_server_info"):
             try:
                 st, data = await client.get_json_bytes(ep.host, ep.port, path, 5.0)
@@ -99,17 +101,17 @@ class Bootstrap(PdMode):
                     await asyncio.gather(d_task, return_exceptions=True)
                     raise err
                 await asyncio.wait({d_task})
-            ep, up = d_task.result()   # raises LegFailed when D could not be reached
-            try:
-                if p_task.done() and p_task.exception() is not None:
-                    # D answered (headers) but P failed: D will not get the KV
-                    err = p_task.exception()
-                    assert err is not None
-                    raise err
-                await self.answer_decode(ctx, ep, up, None, time.perf_counter())
-            finally:
-                up.close()
-                self.release_decode(ctx, ep)
+            ep, up, lease = d_task.result()   # raises LegFailed when D could not be reached
+            with lease:
+                try:
+                    if p_task.done() and p_task.exception() is not None:
+                        # D answered (headers) but P failed: D will not get the KV
+                        err = p_task.exception()
+                        assert err is not None
+                        raise err
+                    await self.answer_decode(ctx, ep, up, None, time.perf_counter())
+                finally:
+                    up.close()
         finally:
             for t in (p_task, d_task):
                 if not t.done():
@@ -120,12 +122,12 @@ class Bootstrap(PdMode):
         """Send P its copy and read its answer to the end (dropped); raises LegFailed."""
         t = time.perf_counter()
         tokens = ctx.info.prompt_tokens
-        ep.acquire(tokens, tokens, 0)
-        try:
+        with ep.lease(tokens, tokens, 0):
             try:
                 up = await self.send(ep, ctx, body, self.prefill_timeout_s, self.prefill_timeout_s)
                 status = up.status
-                data = await self.read_whole(up)
+                async with up:
+                    data = await read_whole(up, self.prefill_timeout_s)
             except asyncio.TimeoutError as e:
                 ep.failed()
                 raise LegFailed(504, f"prefill instance {ep.instance_id} did not answer within "
@@ -135,13 +137,8 @@ class Bootstrap(PdMode):
                 ep.failed(certain=isinstance(e, ConnectionRefusedError))
                 raise LegFailed(502, f"prefill instance {ep.instance_id} failed: "
                                      f"{type(e).__name__}: {e}") from None
-        finally:
-            ep.release(tokens, tokens, 0)
+        note_status(ep, status)
         if status >= 400:
-            if status >= 500 and status != 503:
-                ep.failed()
-            from motor.coordinator.routing.common import _as_error
             raise LegFailed(status, f"prefill instance {ep.instance_id} answered {status}",
-                            _as_error(status, data))
-        ep.succeeded()
+                            engine_error_body(status, data))
         PD_PREFILL.labels(self.name).observe(time.perf_counter() - t)

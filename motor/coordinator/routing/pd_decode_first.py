@@ -21,13 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
+from motor.config.schema import CoordinatorConfig
+from motor.coordinator.endpoints import EndpointTable
+from motor.coordinator.policy import Policy
+from motor.coordinator.routing.base import Settings
+from motor.coordinator.routing.union import UnionPath
 from motor.http.server import Request, Response
-from motor.coordinator.routing.common import Ctx, LegFailed, PdMode, prefill_body
+from motor.coordinator.routing.pd_common import Ctx, LegFailed, PdPath, prefill_body
 from motor.protocol.openai import error_body
 
 logger = logging.getLogger(__name__)
@@ -49,20 +55,24 @@ class _Pending:
         self.called = False
 
 
-class DecodeFirst(PdMode):
+class DecodeFirst(PdPath):
     name = "pd_decode_first"
 
-    def __init__(self, coord: Any) -> None:
-        super().__init__(coord)
-        url = coord.cfg.pd.metaserver_url
+    def __init__(self, cfg: CoordinatorConfig, settings: Settings, table: EndpointTable,
+                 policy: Policy, union: UnionPath) -> None:
+        super().__init__(cfg, settings, table, policy, union)
+        url = cfg.pd.metaserver_url
         if not url:
-            host = coord.cfg.host
+            host = cfg.host
             if host in ("0.0.0.0", "::", ""):
-                import socket
                 host = socket.gethostbyname(socket.gethostname())
-            url = f"http://{host}:{coord.cfg.port}{METASERVER_PATH}"
+            url = f"http://{host}:{cfg.port}{METASERVER_PATH}"
         self.metaserver_url: str = url
         self.pending: dict[str, _Pending] = {}
+
+    def routes(self) -> "list[tuple[str, str, Callable[[Request, Response], Any]]]":
+        """D's connector calls back on ``POST /v1/metaserver``."""
+        return [("POST", METASERVER_PATH, self.on_metaserver)]
 
     def child_ids(self, ctx: Ctx) -> list[tuple[str, dict[str, Any]]]:
         rid = ctx.rid.decode("latin-1")
@@ -95,13 +105,13 @@ class DecodeFirst(PdMode):
                 d_task.cancel()
                 await asyncio.gather(d_task, return_exceptions=True)
                 raise next(f for f in fails if f.done()).result()
-            ep, up = d_task.result()
-            try:
-                p_answer = next((p.p_answer for p in pend.values() if p.p_answer), None)
-                await self.answer_decode(ctx, ep, up, p_answer, t_decode)
-            finally:
-                up.close()
-                self.release_decode(ctx, ep)
+            ep, up, lease = d_task.result()
+            with lease:
+                try:
+                    p_answer = next((p.p_answer for p in pend.values() if p.p_answer), None)
+                    await self.answer_decode(ctx, ep, up, p_answer, t_decode)
+                finally:
+                    up.close()
         finally:
             if not d_task.done():
                 d_task.cancel()

@@ -19,7 +19,7 @@ import time
 
 import orjson
 
-from motor.coordinator.routing.common import Ctx, LegFailed, PdMode, prefill_body
+from motor.coordinator.routing.pd_common import Ctx, LegFailed, PdPath, prefill_body
 from motor.protocol.openai import error_body
 
 #: vLLM's own answer (400 BadRequestError, param prompt_logprobs) to a stream that asks
@@ -31,7 +31,7 @@ NIXL_PULL_REQUEST = {"do_remote_decode": True, "do_remote_prefill": False,
                      "remote_host": None, "remote_port": None}
 
 
-class PrefillFirst(PdMode):
+class PrefillFirst(PdPath):
     name = "pd_prefill_first"
 
     async def run(self, ctx: Ctx) -> None:
@@ -52,12 +52,12 @@ class PrefillFirst(PdMode):
             d_body["kv_transfer_params"] = ktp
         # without params (P aborted / a connector that returns none) D computes the prompt
         t_decode = time.perf_counter()
-        ep, up = await self.open_decode(ctx, orjson.dumps(d_body), set())
-        try:
-            await self.answer_decode(ctx, ep, up, p_answer, t_decode)
-        finally:
-            up.close()
-            self.release_decode(ctx, ep)
+        ep, up, lease = await self.open_decode(ctx, orjson.dumps(d_body), set())
+        with lease:
+            try:
+                await self.answer_decode(ctx, ep, up, p_answer, t_decode)
+            finally:
+                up.close()
 
 
 __all__ = ["LegFailed", "PrefillFirst"]

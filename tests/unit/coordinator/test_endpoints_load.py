@@ -11,10 +11,11 @@ import pytest
 
 from motor.config.schema import Role
 from motor.coordinator.endpoints import EndpointState
-from motor.coordinator.server import _past_prefill
+from motor.coordinator.routing.base import past_prefill
 from motor.http.client import Client
 from motor.sim.engine import EngineConfig
-from motor.sim.server import SimOptions, SimServer
+from motor.sim.options import SimOptions
+from motor.sim.server import SimServer
 from tests.support.fake_backend import FakeBackend, Script
 from tests.support.gateway import Gateway, http, run_async
 
@@ -66,7 +67,7 @@ def test_endpoint_state_prefill_done_plain_counters():
     (b"data: [DONE]\n\n", True),
 ])
 def test_past_prefill(block, past):
-    assert _past_prefill(block) is past
+    assert past_prefill(block) is past
 
 
 @run_async

@@ -12,6 +12,8 @@ from motor.coordinator.policy import make_policy
 from motor.coordinator.policy.kv_affinity import KvAffinity
 from motor.coordinator.policy.least_load import LeastLoad
 from motor.coordinator.policy.round_robin import RoundRobin
+from motor.coordinator.routing.pd_decode_first import DecodeFirst
+from motor.coordinator.routing.pd_prefill_first import PrefillFirst
 from motor.coordinator.server import Coordinator
 from motor.http.client import Client
 from tests.support.gateway import Gateway, http, run_async
@@ -30,10 +32,10 @@ def test_defaults() -> None:
     coord, client = _coord(mode="pd_prefill_first", port=8123,
                            timeouts={"first_token_s": 7.0})
     try:
-        assert coord.pd is not None
-        assert coord.pd.prefill_policy is coord.policy          # coordinator.policy
-        assert isinstance(coord.pd.decode_policy, LeastLoad)
-        assert coord.pd.prefill_timeout_s == 7.0
+        assert isinstance(coord.path, PrefillFirst)
+        assert coord.path.prefill_policy is coord.policy          # coordinator.policy
+        assert isinstance(coord.path.decode_policy, LeastLoad)
+        assert coord.path.prefill_timeout_s == 7.0
     finally:
         client.close()
 
@@ -44,17 +46,18 @@ def test_overrides() -> None:
                                "prefill_timeout_s": 3.5,
                                "metaserver_url": "http://10.0.0.9:9000/v1/metaserver"})
     try:
-        pdm = coord.pd
-        assert pdm is not None
+        pdm = coord.path
+        assert isinstance(pdm, DecodeFirst)
         assert isinstance(pdm.prefill_policy, KvAffinity)
         assert isinstance(pdm.decode_policy, RoundRobin)
         assert pdm.prefill_timeout_s == 3.5
-        assert pdm.metaserver_url == "http://10.0.0.9:9000/v1/metaserver"  # type: ignore[attr-defined]
+        assert pdm.metaserver_url == "http://10.0.0.9:9000/v1/metaserver"
     finally:
         client.close()
     coord, client = _coord(mode="pd_decode_first", host="127.0.0.1", port=8123)
     try:
-        assert coord.pd.metaserver_url == "http://127.0.0.1:8123/v1/metaserver"  # type: ignore[union-attr]
+        assert isinstance(coord.path, DecodeFirst)
+        assert coord.path.metaserver_url == "http://127.0.0.1:8123/v1/metaserver"
     finally:
         client.close()
 

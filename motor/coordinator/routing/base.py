@@ -1,0 +1,414 @@
+"""What every request path shares: one copy each, used by ``union`` and the PD modes.
+
+* :class:`Settings`: the request path's numbers and keys, built once from
+  :class:`~motor.config.schema.CoordinatorConfig` (and ``MOTOR_API_KEYS`` /
+  ``MOTOR_WORKER_API_KEY``);
+* :class:`Route`: one inference route (``/v1/chat/completions`` ...) with its metric
+  children resolved once;
+* :class:`RequestPath`: the interface of a mode's request path, ``handle(route, req, resp)``;
+* :func:`parse_request` -> :class:`Parsed`: the body parsed once, ``X-Request-Id``, the
+  headers forwarded upstream (:data:`FORWARD_HEADERS`, the client's credential or the
+  worker key), the size estimate policies and load accounting use;
+* engine answers: :func:`note_status` / :func:`transport_failed` (breaker and metrics),
+  :func:`engine_error_body` (an engine's error as an OpenAI error body), :func:`read_whole`
+  (a whole body under the idle timeout), :func:`relay_sse` (a stream to the client, cut at
+  event boundaries).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from typing import Any, Callable, ClassVar, Protocol
+
+import orjson
+
+from motor.config.schema import CoordinatorConfig, EngineKind
+from motor.coordinator import metrics
+from motor.coordinator.endpoints import EndpointState
+from motor.coordinator.policy import RequestInfo
+from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
+from motor.http.server import Request, Response
+from motor.protocol.openai import MAX_REQUEST_ID_BYTES, error_body, max_tokens_of
+
+JSON = b"application/json"
+#: client headers passed to engines (hop-by-hop and others dropped; Authorization only as
+#: :attr:`Settings.forward_client_auth` says)
+FORWARD_HEADERS = frozenset((b"authorization", b"content-type", b"accept", b"openai-organization",
+                             b"openai-project", b"traceparent", b"tracestate"))
+
+Headers = tuple[tuple[bytes, bytes], ...]
+
+
+class Settings:
+    """The request path's configuration, read once per worker.
+
+    Times in seconds. ``stream_idle_step_s``: streams wait for upstream chunks in steps of
+    the keep-alive interval (an SSE comment to the client each), the idle timeout counting
+    the silence across steps; ``keepalive_s`` is 0 when keep-alives are off.
+    """
+
+    __slots__ = ("first_byte_timeout_s", "idle_timeout_s", "keepalive_s", "stream_idle_step_s",
+                 "max_attempts", "backoff_s", "backoff_max_s", "retry_statuses",
+                 "token_ids_mode", "failover_on", "max_continuations", "prefill_timeout_s",
+                 "fallback_to_union", "api_keys", "worker_auth", "forward_client_auth")
+
+    def __init__(self, cfg: CoordinatorConfig, env: "dict[str, str] | os._Environ[str] | None"
+                 = None) -> None:
+        env = os.environ if env is None else env
+        t = cfg.timeouts
+        self.first_byte_timeout_s: float = t.first_token_s
+        self.idle_timeout_s: float = t.idle_s
+        ka = t.keepalive_s
+        self.keepalive_s: float = ka if 0 < ka < t.idle_s else 0.0
+        self.stream_idle_step_s: float = self.keepalive_s or t.idle_s
+        r = cfg.retries
+        self.max_attempts: int = r.max_attempts
+        self.backoff_s: float = r.backoff_s
+        self.backoff_max_s: float = r.backoff_max_s
+        self.retry_statuses = frozenset(r.retry_statuses)
+        f = cfg.failover
+        self.token_ids_mode: str = f.request_token_ids
+        self.failover_on: bool = f.enabled and f.request_token_ids != "never"
+        self.max_continuations: int = f.max_continuations
+        self.prefill_timeout_s: float = cfg.pd.prefill_timeout_s or t.first_token_s
+        self.fallback_to_union: bool = cfg.pd.fallback_to_union
+        # gateway API keys (case B14): what clients must present, what engines get
+        keys = list(cfg.api_keys) + [k.strip() for k in env.get("MOTOR_API_KEYS", "").split(",")
+                                     if k.strip()]
+        self.api_keys: tuple[bytes, ...] = tuple(k.encode() for k in keys)
+        wk = cfg.worker_api_key or env.get("MOTOR_WORKER_API_KEY") or None
+        self.worker_auth: bytes | None = b"Bearer " + wk.encode() if wk else None
+        # the client's Authorization goes upstream only when motor neither checks nor replaces it
+        self.forward_client_auth: bool = not self.api_keys and self.worker_auth is None
+
+    def backoff_delay_s(self, attempt: int) -> float:
+        """Wait before attempt ``attempt`` (0-based): 0, then ``backoff_s`` doubling, capped
+        at ``backoff_max_s``."""
+        if attempt <= 0:
+            return 0.0
+        return min(self.backoff_s * (2 ** (attempt - 1)), self.backoff_max_s)
+
+    async def pause(self, attempt: int) -> None:
+        """Sleep :meth:`backoff_delay_s` before a retry (no wait before the first attempt)."""
+        if attempt > 0:
+            await asyncio.sleep(self.backoff_delay_s(attempt))
+
+    def ids_for(self, ep: EndpointState) -> bool:
+        """Whether ``ep`` is sent ``return_token_ids`` for mid-stream failover (SGLang only
+        with ``failover.request_token_ids: always``)."""
+        return self.token_ids_mode == "always" or ep.engine is not EngineKind.SGLANG
+
+
+class Route:
+    """One inference route with its metric children resolved once."""
+
+    __slots__ = ("name", "path", "chat", "ttft", "e2e", "_status")
+
+    def __init__(self, name: str, path: bytes) -> None:
+        self.name = name
+        self.path = path
+        self.chat = path == b"/v1/chat/completions"
+        self.ttft = metrics.TTFT.labels(name)
+        self.e2e = metrics.E2E.labels(name)
+        self._status: dict[int, Any] = {}
+
+    def count(self, status: int) -> None:
+        """Count one answer with ``status`` (``motor_coordinator_requests_total``)."""
+        c = self._status.get(status)
+        if c is None:
+            c = self._status[status] = metrics.REQUESTS.labels(self.name, str(status))
+        c.inc()
+
+    def fail(self, resp: Response, status: int, message: str, headers: Headers = ()) -> None:
+        """Answer ``status`` with an OpenAI error body and count it."""
+        self.count(status)
+        resp.send(status, error_body(status, message), headers=headers)
+
+
+class RequestPath:
+    """A deployment mode's request path: :meth:`handle` answers one inference request,
+    exactly once. ``routes`` lists extra (method, path, handler) the mode serves."""
+
+    name: ClassVar[str] = ""
+
+    async def handle(self, route: Route, req: Request, resp: Response) -> None:
+        raise NotImplementedError
+
+    def routes(self) -> "list[tuple[str, str, Callable[[Request, Response], Any]]]":
+        return []
+
+
+class Parsed:
+    """One inference request as parsed once (:func:`parse_request`).
+
+    ``fwd``: headers for the engines (with ``x-request-id``); ``rid_header``: the
+    ``X-Request-Id`` header of motor's answer; ``max_tokens``: :func:`max_tokens_of` (0
+    when absent); ``t0``: ``time.perf_counter()`` at arrival.
+    """
+
+    __slots__ = ("raw", "body", "model", "fwd", "rid", "rid_header", "stream", "max_tokens",
+                 "t0")
+
+    def __init__(self, raw: bytes, body: dict[str, Any], model: str | None,
+                 fwd: list[tuple[bytes, bytes]], rid: bytes, chat: bool, t0: float) -> None:
+        self.raw = raw
+        self.body = body
+        self.model = model
+        self.fwd = fwd
+        self.rid = rid
+        self.rid_header: Headers = ((b"x-request-id", rid),)
+        self.stream = body.get("stream") is True
+        self.max_tokens = max_tokens_of(body, chat)
+        self.t0 = t0
+
+    def info(self, raw_len: int | None = None) -> RequestInfo:
+        """What policies see of the request (prompt size from ``raw_len`` bytes, default
+        the client's body)."""
+        return RequestInfo(self.model, estimate_prompt_tokens(
+            self.body, len(self.raw) if raw_len is None else raw_len), self.max_tokens)
+
+
+def estimate_prompt_tokens(body: dict[str, Any], raw_len: int) -> int:
+    """A cheap prompt-size estimate for load accounting: the length of a token-id prompt,
+    else about 4 bytes a token of the body (at least 1)."""
+    p = body.get("prompt")
+    if isinstance(p, list) and p and isinstance(p[0], int):
+        return len(p)
+    return max(1, raw_len // 4)
+
+
+def json_type(v: object) -> str:
+    """The JSON name of a decoded value's type, for error messages."""
+    if v is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def parse_request(s: Settings, route: Route, req: Request, resp: Response) -> Parsed | None:
+    """The checks every inference route shares: the body is a JSON object, ``model`` a
+    string, ``X-Request-Id`` honoured (made up when absent or empty, 400 above
+    :data:`MAX_REQUEST_ID_BYTES`, case B15); headers to forward, with the worker key when one
+    is set. Returns ``None`` after answering 400."""
+    t0 = time.perf_counter()
+    try:
+        body = orjson.loads(req.body)
+    except orjson.JSONDecodeError as e:
+        route.fail(resp, 400, f"request body is not valid JSON: {e}")
+        return None
+    if not isinstance(body, dict):
+        route.fail(resp, 400, f"request body is expected to be a JSON object, "
+                              f"got {json_type(body)}")
+        return None
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        route.fail(resp, 400, f"model is expected to be a string, got {type(model).__name__}")
+        return None
+    fwd: list[tuple[bytes, bytes]] = []
+    rid = None
+    forward_auth = s.forward_client_auth
+    for k, v in req.headers:
+        if k in FORWARD_HEADERS:
+            if k != b"authorization" or forward_auth:
+                fwd.append((k, v))
+        elif k == b"x-request-id" and v:  # an empty id is made up like a missing one
+            rid = v
+            if len(v) > MAX_REQUEST_ID_BYTES:
+                route.fail(resp, 400, f"x-request-id is expected to be at most "
+                                      f"{MAX_REQUEST_ID_BYTES} bytes, got {len(v)}")
+                return None
+    if rid is None:
+        rid = uuid.uuid4().hex.encode()
+    fwd.append((b"x-request-id", rid))
+    if s.worker_auth is not None:
+        fwd.append((b"authorization", s.worker_auth))
+    return Parsed(req.body, body, model, fwd, rid, route.chat, t0)
+
+
+# -- engine answers ---------------------------------------------------------------------
+def note_status(ep: EndpointState, status: int) -> None:
+    """An engine answered ``status``: a 5xx other than 503 counts against its breaker (and
+    ``upstream_errors{kind="status"}``), anything else for it."""
+    if status >= 500 and status != 503:
+        ep.failed()
+        metrics.UPSTREAM_ERRORS.labels(ep.url, "status").inc()
+    else:
+        ep.succeeded()
+
+
+def transport_failed(ep: EndpointState, e: BaseException) -> str | None:
+    """Count a transport failure on ``ep`` (``upstream_errors``, breaker) before any answer
+    reached the client. Returns the retry reason (``connect_timeout``, ``connect`` for a
+    refused connection, ``closed``) when the request may go to another endpoint; ``None``
+    for a timeout once connected (the engine may be working on it: not retried)."""
+    if isinstance(e, UpstreamTimeout):
+        metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
+        ep.failed()
+        return "connect_timeout" if e.phase == "connect" else None
+    refused = isinstance(e, ConnectionRefusedError)
+    kind = "connect" if refused else "closed"
+    metrics.UPSTREAM_ERRORS.labels(ep.url, kind).inc()
+    ep.failed(certain=refused)
+    return kind
+
+
+def settle_leg(ep: EndpointState, err: BaseException | None, engine_ok: bool) -> None:
+    """A stream's leg on ``ep`` ended: count it for or against the breaker (``err``, the
+    transport error that ended it, also in ``upstream_errors{kind="closed"}``)."""
+    if engine_ok:
+        ep.succeeded()
+        return
+    if err is not None:
+        metrics.UPSTREAM_ERRORS.labels(ep.url, "closed").inc()
+    ep.failed()
+
+
+def failure_text(ep: EndpointState, e: BaseException) -> str:
+    """``e`` on ``ep`` for an error message."""
+    if isinstance(e, UpstreamTimeout):
+        return f"{ep.url}: {e}"
+    return f"{ep.url}: {type(e).__name__}: {e}"
+
+
+def is_openai_error(body: bytes) -> bool:
+    """Whether ``body`` is a JSON object with an ``error`` object (OpenAI's error shape)."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and isinstance(obj.get("error"), dict)
+
+
+def engine_error_body(status: int, data: bytes) -> bytes:
+    """An engine's error answer for the client: as sent when it is an OpenAI error body,
+    else wrapped into one (status kept, the first 512 bytes quoted)."""
+    if is_openai_error(data):
+        return data
+    return error_body(status, f"engine answered {status}: "
+                              f"{data[:512].decode('utf-8', 'replace')}")
+
+
+async def read_whole(up: UpstreamResponse, idle_timeout_s: float) -> bytes:
+    """The rest of ``up``'s body.
+
+    ``up`` may have been opened with an idle step shorter than ``idle_timeout_s`` (a stream's
+    keep-alive step): silence is counted across steps and reset by every chunk, and
+    :class:`UpstreamTimeout` ``("idle", idle_timeout_s)`` is raised once it reaches
+    ``idle_timeout_s``. Other timeouts (first byte, a step as long as the idle timeout) and
+    :class:`UpstreamClosed` / ``OSError`` propagate as raised. Does not close ``up``.
+    """
+    parts: list[bytes] = []
+    silence = 0.0
+    while True:
+        try:
+            chunk = await up.next_chunk()
+        except UpstreamTimeout as e:
+            if e.phase != "idle" or e.timeout_s >= idle_timeout_s:
+                raise
+            silence += e.timeout_s
+            if silence >= idle_timeout_s:
+                raise UpstreamTimeout("idle", idle_timeout_s) from None
+            continue
+        if chunk is None:
+            return b"".join(parts)
+        silence = 0.0
+        parts.append(chunk)
+
+
+# -- streams ----------------------------------------------------------------------------
+class SseFeed(Protocol):
+    """Rewrites whole SSE events on their way to the client (``b""`` = drop them)."""
+
+    def feed(self, block: bytes) -> bytes: ...
+
+
+_ROLE_PREAMBLE = b'"role":"assistant","content":""'
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def past_prefill(block: bytes) -> bool:
+    """Whether a block of whole SSE events holds one that follows the prefill: anything
+    but keep-alive comments and the chat role preamble (``delta`` = role + empty content,
+    which vLLM and SGLang send with the first token but ``motor sim`` sends on arrival)."""
+    for ev in block.split(b"\n\n"):
+        ev = ev.strip()
+        if ev and not ev.startswith(b":") and _ROLE_PREAMBLE not in ev:
+            return True
+    return False
+
+
+async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, route: Route,
+                    t0: float, first: bool, idle_timeout_s: float,
+                    on_first: Callable[[], object] | None = None,
+                    on_prefill_done: Callable[[], object] | None = None
+                    ) -> tuple[BaseException | None, bool]:
+    """Relay one leg's SSE events to the client (already started), cut at event
+    boundaries, each block passed through ``rec.feed``. Upstream silence longer than
+    ``up``'s idle step sends a keep-alive comment; silence reaching ``idle_timeout_s`` in
+    total ends the leg with :class:`UpstreamTimeout`. ``first``: whether no event reached
+    the client yet (``route.ttft`` is observed, ``on_first`` called, at the first one);
+    ``on_prefill_done``: called once, at this leg's first event past its prefill
+    (:func:`past_prefill`).
+
+    Returns (the error that ended the leg or ``None``, whether anything was written). A
+    tail without a closing blank line is passed on as sent (case B04 b).
+    """
+    tail = b""
+    wrote = False
+    silence = 0.0
+    try:
+        while True:
+            try:
+                chunk = await up.next_chunk()
+            except UpstreamTimeout as e:
+                if e.phase != "idle" or e.timeout_s >= idle_timeout_s:
+                    raise
+                silence += e.timeout_s
+                if silence >= idle_timeout_s:
+                    raise UpstreamTimeout("idle", idle_timeout_s) from None
+                resp.write(KEEPALIVE)
+                continue
+            if chunk is None:
+                break
+            silence = 0.0
+            if tail:
+                chunk = tail + chunk
+                tail = b""
+            cut = chunk.rfind(b"\n\n")
+            if cut < 0:
+                tail = chunk
+                continue
+            if cut + 2 < len(chunk):
+                tail = chunk[cut + 2:]
+                chunk = chunk[:cut + 2]
+            if on_prefill_done is not None and past_prefill(chunk):
+                on_prefill_done()
+                on_prefill_done = None
+            if rec is not None:
+                chunk = rec.feed(chunk)
+                if not chunk:
+                    continue
+            resp.write(chunk)
+            wrote = True
+            if first:
+                first = False
+                route.ttft.observe(time.perf_counter() - t0)
+                if on_first is not None:
+                    on_first()
+            await resp.drain()
+    except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+        return e, wrote
+    if tail:
+        if rec is not None:
+            tail = rec.feed(tail + b"\n\n")
+        resp.write(tail)
+        wrote = True
+    return None, wrote
+
+
+__all__ = ["FORWARD_HEADERS", "JSON", "KEEPALIVE", "Parsed", "RequestPath", "Route", "Settings",
+           "SseFeed", "engine_error_body", "estimate_prompt_tokens", "failure_text",
+           "is_openai_error", "json_type", "note_status", "parse_request", "past_prefill",
+           "read_whole", "relay_sse", "settle_leg", "transport_failed"]

@@ -1,0 +1,553 @@
+"""What the three PD modes share: the PD request path's frame, pair selection and legs.
+
+A PD mode is a :class:`PdPath` subclass with one coroutine, :meth:`PdPath.run`, called by
+:meth:`PdPath.handle` for ``/v1/chat/completions`` and ``/v1/completions``. Every mode
+
+* picks the prefill instance with the prefill policy and the decode instance with the
+  decode policy (``coordinator.pd``); with no decode (or no prefill) instance ready it
+  falls back to a ``union`` instance through the union path it holds
+  (:class:`~motor.coordinator.routing.union.UnionPath`), else 503;
+* sends both legs the same ``X-Request-Id`` (made up when the client sent none);
+* holds each leg's load on its endpoint exactly while that leg runs (an
+  :class:`~motor.coordinator.endpoints.Lease`), closes each leg's upstream connection when
+  the request ends for any reason (client gone, timeout, the other leg failed), and answers
+  exactly once;
+* streams the decode answer through :func:`~motor.coordinator.routing.base.relay_sse` (cut
+  at event boundaries, never buffered, one SSE error event + ``[DONE]`` when the decode
+  breaks), continuing a broken decode stream as a fresh PD request when
+  :func:`motor.coordinator.recovery.after_leg` says so.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+
+from motor.config.schema import CoordinatorConfig, PolicyName, Role
+from motor.coordinator import metrics
+from motor.coordinator.endpoints import EndpointState, EndpointTable, Lease
+from motor.coordinator.kv.router import KvRouter
+from motor.coordinator.metrics import PD_DECODE, PD_PREFILL, PD_REQUESTS, PD_TTFT
+from motor.coordinator.policy import Policy, RequestInfo, make_policy
+from motor.coordinator.recovery import END, REFUSE, StreamRecovery, after_leg, continuable
+from motor.coordinator.routing.base import (JSON, Parsed, RequestPath, Route, Settings,
+                                            engine_error_body, estimate_prompt_tokens,
+                                            failure_text, note_status, parse_request,
+                                            read_whole, relay_sse, settle_leg,
+                                            transport_failed)
+from motor.coordinator.routing.union import UnionPath
+from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
+from motor.http.server import Request, Response
+from motor.protocol.openai import error_body, max_tokens_of, sse_error_event
+
+logger = logging.getLogger(__name__)
+
+
+class LegFailed(Exception):
+    """A leg could not produce an answer; the client gets ``status`` with ``body`` (an
+    engine's own error body when the engine refused, else an OpenAI error of ``message``)."""
+
+    def __init__(self, status: int, message: str, body: bytes | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.body = body if body is not None else error_body(status, message)
+
+
+class Ctx:
+    """One PD request (or one continuation of a broken decode stream): the body, headers
+    to forward, ids, timing, and the stream's recovery state shared by its legs."""
+
+    __slots__ = ("route", "path", "chat", "resp", "body", "model", "fwd", "rid", "rid_header",
+                 "stream", "info", "max_tokens", "t0", "rec", "cont", "avoid", "legs", "wrote")
+
+    def __init__(self, route: Route, resp: Response, p: Parsed) -> None:
+        self.route = route
+        self.path: bytes = route.path
+        self.chat = route.chat
+        self.resp = resp
+        self.body = p.body
+        self.model = p.model
+        self.fwd = p.fwd
+        self.rid = p.rid
+        self.rid_header = p.rid_header
+        self.stream = p.stream
+        self.max_tokens = p.max_tokens
+        self.info = p.info()
+        self.t0 = p.t0
+        # mid-stream failover (docs/faults.md): the stream's StreamRecovery, the next leg's
+        # context once the decode broke, decode endpoints not to use again, legs so far,
+        # whether an event reached the client
+        self.rec: StreamRecovery | None = None
+        self.cont: Ctx | None = None
+        self.avoid: set[EndpointState] = set()
+        self.legs = 0
+        self.wrote = False
+
+    def continued(self, path: bytes, body: dict[str, Any]) -> "Ctx":
+        """The context of the next leg of a broken stream: a fresh PD request for ``path``
+        with ``body`` (StreamRecovery's continuation), same client, ids, response and
+        recovery state."""
+        c = Ctx.__new__(Ctx)
+        for k in Ctx.__slots__:
+            setattr(c, k, getattr(self, k))
+        c.path = path
+        c.chat = path == b"/v1/chat/completions"
+        c.body = body
+        c.stream = True
+        c.max_tokens = max_tokens_of(body, c.chat)
+        c.info = RequestInfo(self.model, estimate_prompt_tokens(body, len(orjson.dumps(body))),
+                             c.max_tokens)
+        c.cont = None
+        c.legs = self.legs + 1
+        return c
+
+
+def prefill_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None,
+                 min_tokens_1: bool = False) -> dict[str, Any]:
+    """The prefill leg's body: the client's, with ``stream: false``, ``max_tokens: 1``
+    (``max_completion_tokens: 1`` when present), no ``stream_options``, no ``min_tokens``
+    (vLLM's toy proxy) or ``min_tokens: 1`` (vLLM-Ascend's proxies), and
+    ``kv_transfer_params``."""
+    b = dict(body)
+    b["stream"] = False
+    b["max_tokens"] = 1
+    if "max_completion_tokens" in b:
+        b["max_completion_tokens"] = 1
+    b.pop("stream_options", None)
+    b.pop("min_completion_tokens", None)
+    if min_tokens_1:
+        b["min_tokens"] = 1
+    else:
+        b.pop("min_tokens", None)
+    if kv_transfer_params is not None:
+        b["kv_transfer_params"] = kv_transfer_params
+    return b
+
+
+def merge_usage(d_usage: Any, p_usage: Any) -> Any:
+    """The decode's usage with the prefill's ``prompt_tokens_details`` (its cached tokens
+    are the real prefix-cache hit; D counts the transferred prompt as cached)."""
+    if not isinstance(d_usage, dict) or not isinstance(p_usage, dict):
+        return d_usage
+    ptd = p_usage.get("prompt_tokens_details")
+    if isinstance(ptd, dict):
+        d_usage = dict(d_usage)
+        d_usage["prompt_tokens_details"] = ptd
+    return d_usage
+
+
+class UsageMerger:
+    """Rewrites the usage of streamed decode events (``feed`` takes whole SSE events)."""
+
+    def __init__(self, p_usage: Any) -> None:
+        self.p_usage = p_usage
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not isinstance(self.p_usage, dict) or b'"usage":{' not in chunk:
+            return chunk
+        out = []
+        for ev in chunk.split(b"\n\n"):
+            if ev.startswith(b"data: {") and b'"usage":{' in ev:
+                try:
+                    obj = orjson.loads(ev[6:])
+                    obj["usage"] = merge_usage(obj.get("usage"), self.p_usage)
+                    ev = b"data: " + orjson.dumps(obj)
+                except (orjson.JSONDecodeError, TypeError):
+                    pass
+            out.append(ev)
+        return b"\n\n".join(out)
+
+
+def own_policy(name: PolicyName, cfg: CoordinatorConfig) -> Policy:
+    """A leg's policy other than the coordinator's. ``kv_affinity`` gets its own router
+    with ``coordinator.kv`` (approximate index only: the KV-event feed serves the
+    coordinator's policy, so set ``coordinator.policy: kv_affinity`` to route on events)."""
+    if name is PolicyName.KV_AFFINITY:
+        return make_policy(name.value, router=KvRouter(cfg.kv))
+    return make_policy(name.value)
+
+
+class PdPath(RequestPath):
+    """Base of the PD request paths; subclasses implement :meth:`run`.
+
+    ``prefill_policy`` / ``decode_policy``: the coordinator's policy unless
+    ``coordinator.pd`` names another; ``prefill_timeout_s``: ``pd.prefill_timeout_s`` or
+    the first-token timeout; ``union``: the path a request falls back to."""
+
+    def __init__(self, cfg: CoordinatorConfig, settings: Settings, table: EndpointTable,
+                 policy: Policy, union: UnionPath) -> None:
+        self.s = settings
+        self.table = table
+        self.policy = policy
+        self.union = union
+        pd = cfg.pd
+        pp = pd.prefill_policy
+        self.prefill_policy: Policy = policy if pp is None or pp == cfg.policy \
+            else own_policy(pp, cfg)
+        self.decode_policy: Policy = policy if pd.decode_policy == cfg.policy \
+            else own_policy(pd.decode_policy, cfg)
+        self.prefill_timeout_s: float = settings.prefill_timeout_s
+
+    # -- entry ------------------------------------------------------------------------
+    async def handle(self, route: Route, req: Request, resp: Response) -> None:
+        p = parse_request(self.s, route, req, resp)
+        if p is None:
+            return
+        table = self.table
+        if not table.candidates(Role.PREFILL, p.model) or not table.candidates(Role.DECODE,
+                                                                                p.model):
+            await self.no_pair(route, p, resp)
+            return
+        ctx = Ctx(route, resp, p)
+        self.recovery(ctx)
+        try:
+            await self.run(ctx)
+            while ctx.cont is not None:
+                # the decode broke mid-stream: the rest is a fresh PD request (new P and D)
+                ctx = ctx.cont
+                await self.run(ctx)
+        except LegFailed as e:
+            if not resp.started:
+                route.count(e.status)
+                resp.send(e.status, e.body, headers=ctx.rid_header)
+            elif not resp.finished:
+                resp.end(sse_error_event(e.status, e.message))
+                route.count(e.status)
+        except (asyncio.CancelledError, ConnectionError):
+            PD_REQUESTS.labels(self.name, "client_gone").inc()
+            raise
+
+    async def no_pair(self, route: Route, p: Parsed, resp: Response) -> None:
+        """No prefill or no decode instance is ready: the union path when allowed and a
+        union instance serves the model, else 404 (unknown model) or 503."""
+        table, model = self.table, p.model
+        if self.s.fallback_to_union and table.candidates(Role.UNION, model):
+            PD_REQUESTS.labels(self.name, "fallback_union").inc()
+            await self.union.serve(route, p, resp)
+            return
+        PD_REQUESTS.labels(self.name, "no_instance").inc()
+        if model is not None and not table.has_model(model):
+            route.fail(resp, 404, f"The model `{model}` does not exist.", p.rid_header)
+            return
+        missing = "decode" if table.candidates(Role.PREFILL, model) else "prefill"
+        route.fail(resp, 503, f"no {missing} instance is ready"
+                   + (f" for model {model}" if model else "")
+                   + " and no union instance to fall back to", p.rid_header)
+
+    async def run(self, ctx: Ctx) -> None:
+        raise NotImplementedError
+
+    def recovery(self, ctx: Ctx) -> None:
+        """Mid-stream failover for a stream that can be continued exactly: the decode is
+        asked for token ids (``return_token_ids`` in both legs' body; not for SGLang decode
+        instances unless ``failover.request_token_ids: always``)."""
+        s = self.s
+        if not (ctx.stream and s.failover_on):
+            return
+        why = continuable(ctx.chat, ctx.body)
+        if why is not None:
+            logger.debug("request %s: no mid-stream failover (%s)", ctx.rid.decode("latin-1"),
+                         why)
+            return
+        if s.token_ids_mode != "always" and all(
+                not s.ids_for(e) for e in self.table.candidates(Role.DECODE, ctx.model)):
+            return
+        ctx.rec = StreamRecovery(ctx.chat, ctx.body)
+        if ctx.body.get("return_token_ids") is not True:
+            ctx.body = dict(ctx.body, return_token_ids=True)
+
+    # -- selection --------------------------------------------------------------------
+    def pick(self, role: Role, ctx: Ctx, exclude: set[EndpointState]) -> EndpointState | None:
+        cands = self.table.candidates(role, ctx.model)
+        if not cands:
+            return None
+        policy = self.prefill_policy if role is Role.PREFILL else self.decode_policy
+        if policy.uses_prefix and role is Role.PREFILL and ctx.info.block_hashes is None:
+            # once per request: a prefill retry reuses the routing key
+            policy.prepare(ctx.info, "chat" if ctx.chat else "completions", ctx.body)
+        ep = policy.pick(cands, ctx.info, exclude)
+        if ep is not None:
+            policy.routed(ep, ctx.info)
+        return ep
+
+    # -- legs -------------------------------------------------------------------------
+    async def send(self, ep: EndpointState, ctx: Ctx, body: bytes, first_byte_timeout_s: float,
+                   idle_timeout_s: float) -> UpstreamResponse:
+        return await ep.pool.request(b"POST", ctx.path, body, ctx.fwd,
+                                     first_byte_timeout_s=first_byte_timeout_s,
+                                     idle_timeout_s=idle_timeout_s)
+
+    def leg_transport_failed(self, leg: str, ep: EndpointState, e: BaseException) -> str:
+        """A leg's transport failure on ``ep`` (:func:`transport_failed`): the text of the
+        failure when the leg may be retried elsewhere; raises :class:`LegFailed` (504) for
+        a timeout once connected."""
+        reason = transport_failed(ep, e)
+        if reason is None:
+            assert isinstance(e, UpstreamTimeout)
+            raise LegFailed(504, f"{leg} instance {ep.instance_id} did not answer within "
+                                 f"{e.timeout_s:g} s") from None
+        metrics.RETRIES.labels(reason).inc()
+        return failure_text(ep, e)
+
+    async def prefill(self, ctx: Ctx, body: bytes, exclude: set[EndpointState],
+                      ep: EndpointState | None = None) -> tuple[EndpointState, dict[str, Any]]:
+        """Run a non-streamed prefill leg to its end, retrying transport failures, 5xx and
+        retryable statuses on other prefill instances (bounded). Returns the endpoint and
+        its JSON answer; raises :class:`LegFailed` (the engine's 4xx passes through)."""
+        s = self.s
+        last = "no prefill instance"
+        t = time.perf_counter()
+        for attempt in range(s.max_attempts):
+            await s.pause(attempt)
+            if ep is None or attempt:
+                ep = self.pick(Role.PREFILL, ctx, exclude)
+            if ep is None:
+                break
+            exclude.add(ep)
+            tokens = ctx.info.prompt_tokens
+            with ep.lease(tokens, tokens, 0):
+                try:
+                    up = await self.send(ep, ctx, body, self.prefill_timeout_s,
+                                         self.prefill_timeout_s)
+                    status = up.status
+                    async with up:
+                        data = await read_whole(up, self.prefill_timeout_s)
+                except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+                    last = self.leg_transport_failed("prefill", ep, e)
+                    continue
+            note_status(ep, status)
+            if status >= 400:
+                if status in s.retry_statuses:
+                    last = f"{ep.url}: answered {status}"
+                    continue
+                if status >= 500:
+                    last = f"{ep.url}: answered {status}: {data[:200].decode('utf-8', 'replace')}"
+                    continue
+                raise LegFailed(status, f"prefill answered {status}",
+                                engine_error_body(status, data))
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                obj = None
+            if not isinstance(obj, dict):
+                raise LegFailed(502, f"prefill instance {ep.instance_id} answered a body that "
+                                     f"is not a JSON object")
+            PD_PREFILL.labels(self.name).observe(time.perf_counter() - t)
+            return ep, obj
+        raise LegFailed(502, f"the prefill leg failed: {last}")
+
+    async def open_decode(self, ctx: Ctx, body: bytes, exclude: set[EndpointState],
+                          retry: bool = True) -> tuple[EndpointState, UpstreamResponse, Lease]:
+        """Send the decode leg; returns once its status and headers arrived, with the
+        endpoint's lease still held (the caller releases it). A refused or reset connection
+        before any answer is retried on another decode (``retry``)."""
+        s = self.s
+        last = "no decode instance"
+        exclude.update(ctx.avoid)   # a continuation avoids the decode that broke
+        for attempt in range(s.max_attempts if retry else 1):
+            await s.pause(attempt)
+            ep = self.pick(Role.DECODE, ctx, exclude)
+            if ep is None:
+                break
+            exclude.add(ep)
+            lease = ep.lease(ctx.max_tokens + ctx.info.prompt_tokens, 0, ctx.max_tokens)
+            try:
+                up = await self.send(ep, ctx, body, s.first_byte_timeout_s,
+                                     s.stream_idle_step_s)
+            except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+                lease.release()
+                last = self.leg_transport_failed("decode", ep, e)
+                continue
+            except BaseException:
+                lease.release()
+                raise
+            return ep, up, lease
+        raise LegFailed(502, f"the decode leg failed: {last}")
+
+    async def answer_decode(self, ctx: Ctx, ep: EndpointState, up: UpstreamResponse,
+                            p_answer: dict[str, Any] | None, t_decode: float) -> None:
+        """Relay the decode's answer to the client: SSE streamed event by event (usage
+        merged with the prefill's), anything else whole (usage and prompt_logprobs merged)."""
+        status = up.status
+        ctype = up.header(b"content-type", JSON) or JSON
+        if status < 300 and ctype.startswith(b"text/event-stream"):
+            await self._relay_decode(ctx, ep, up, ctype, p_answer, t_decode)
+        elif ctx.resp.started:
+            await self._failed_continuation(ep, up)
+        else:
+            await self._whole_decode(ctx, ep, up, ctype, p_answer, t_decode)
+
+    async def _relay_decode(self, ctx: Ctx, ep: EndpointState, up: UpstreamResponse,
+                            ctype: bytes, p_answer: dict[str, Any] | None,
+                            t_decode: float) -> None:
+        resp, route, rec = ctx.resp, ctx.route, ctx.rec
+        if not resp.started:
+            resp.start(200, content_type=ctype, headers=ctx.rid_header)
+        p_usage = p_answer.get("usage") if p_answer else None
+        feed: Any = UsageMerger(p_usage) if rec is None else _Chain(rec, UsageMerger(p_usage))
+        first = not ctx.wrote
+        try:
+            err, wrote = await relay_sse(
+                up, resp, feed, route, ctx.t0, first, self.s.idle_timeout_s,
+                (lambda: PD_TTFT.labels(self.name).observe(time.perf_counter() - ctx.t0))
+                if first else None)
+        finally:
+            up.close()
+        ctx.wrote = ctx.wrote or wrote
+        if rec is not None and not isinstance(err, UpstreamTimeout):
+            self._after_leg(ctx, rec, ep, err)
+            PD_DECODE.labels(self.name).observe(time.perf_counter() - t_decode)
+            if ctx.cont is None:
+                route.e2e.observe(time.perf_counter() - ctx.t0)
+            return
+        if err is None:
+            ep.succeeded()
+            resp.end()
+            route.count(200)
+            PD_REQUESTS.labels(self.name, "ok").inc()
+        else:
+            if resp.client_gone:
+                raise asyncio.CancelledError()
+            ep.failed()
+            timeout = isinstance(err, UpstreamTimeout)
+            st = 504 if timeout else 502
+            metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout" if timeout else "closed").inc()
+            msg = (f"decode instance {ep.instance_id} stopped sending for longer than the "
+                   f"idle timeout ({self.s.idle_timeout_s:g} s)" if timeout else
+                   f"decode instance {ep.instance_id} broke the stream: {err}")
+            logger.warning("PD stream from %s ended early: %s", ep.url, msg)
+            resp.end(sse_error_event(st, msg))
+            route.count(st)
+            PD_REQUESTS.labels(self.name, "decode_failed").inc()
+        PD_DECODE.labels(self.name).observe(time.perf_counter() - t_decode)
+        route.e2e.observe(time.perf_counter() - ctx.t0)
+
+    async def _failed_continuation(self, ep: EndpointState, up: UpstreamResponse) -> None:
+        """A continuation's decode answered with an error status: the stream is open."""
+        status = up.status
+        if status >= 500 and status != 503:
+            ep.failed()
+        try:
+            async with up:
+                data = await read_whole(up, self.s.idle_timeout_s)
+        except (UpstreamTimeout, UpstreamClosed, OSError):
+            data = b""
+        PD_REQUESTS.labels(self.name, "decode_failed").inc()
+        raise LegFailed(status if status >= 400 else 502,
+                        f"the stream could not be continued: decode instance "
+                        f"{ep.instance_id} answered {status}: "
+                        f"{data[:512].decode('utf-8', 'replace')}")
+
+    async def _whole_decode(self, ctx: Ctx, ep: EndpointState, up: UpstreamResponse,
+                            ctype: bytes, p_answer: dict[str, Any] | None,
+                            t_decode: float) -> None:
+        resp, route = ctx.resp, ctx.route
+        status = up.status
+        try:
+            async with up:
+                data = await read_whole(up, self.s.idle_timeout_s)
+        except UpstreamTimeout as e:
+            ep.failed()
+            raise LegFailed(504, f"decode instance {ep.instance_id} stopped answering for "
+                                 f"{e.timeout_s:g} s") from None
+        except (UpstreamClosed, OSError) as e:
+            ep.failed()
+            raise LegFailed(502, f"decode instance {ep.instance_id} closed the connection: "
+                                 f"{e}") from None
+        note_status(ep, status)
+        if status >= 400:
+            PD_REQUESTS.labels(self.name, "decode_failed").inc()
+            raise LegFailed(status, f"decode answered {status}", engine_error_body(status, data))
+        if p_answer is not None and status == 200:
+            data = merge_answer(data, p_answer)
+        route.count(status)
+        resp.send(status, data, content_type=ctype, headers=ctx.rid_header)
+        now = time.perf_counter()
+        PD_TTFT.labels(self.name).observe(now - ctx.t0)
+        PD_DECODE.labels(self.name).observe(now - t_decode)
+        route.ttft.observe(now - ctx.t0)
+        route.e2e.observe(now - ctx.t0)
+        PD_REQUESTS.labels(self.name, "ok").inc()
+
+    def _after_leg(self, ctx: Ctx, rec: StreamRecovery, ep: EndpointState,
+                   err: BaseException | None) -> None:
+        """A recoverable decode stream's leg ended (not by an idle timeout): end the answer
+        or set ``ctx.cont`` to the next leg (StreamRecovery's continuation, sent by
+        :meth:`handle` as a fresh PD request: new prefill, new decode)."""
+        resp, route = ctx.resp, ctx.route
+        v = after_leg(rec, err, legs=ctx.legs, max_continuations=self.s.max_continuations,
+                      wrote_any=ctx.wrote, path=ctx.path)
+        settle_leg(ep, err, v.engine_ok)
+        if v.action == END:
+            resp.end(v.tail or b"")
+            route.count(200)
+            PD_REQUESTS.labels(self.name, "ok").inc()
+            return
+        if resp.client_gone:
+            raise asyncio.CancelledError()
+        if v.action == REFUSE:
+            metrics.FAILOVER_REFUSED.labels("refused").inc()
+            msg = (f"decode instance {ep.instance_id} failed mid-stream ({err or v.reason}); "
+                   f"not continued: {v.why}")
+            logger.warning("PD stream from %s ended early: %s", ep.url, msg)
+            resp.end(v.tail if v.tail is not None else sse_error_event(502, msg))
+            route.count(502)
+            PD_REQUESTS.labels(self.name, "decode_failed").inc()
+            return
+        metrics.FAILOVERS.labels(v.reason).inc()
+        ctx.avoid.add(ep)
+        ctx.cont = ctx.continued(v.path, orjson.loads(v.body))
+        logger.info("PD stream from %s continues as a new PD request (%s, leg %d)", ep.url,
+                    v.reason, ctx.cont.legs + 1)
+
+
+class _Chain:
+    """StreamRecovery, then the PD usage merge, over the same SSE events."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: StreamRecovery, b: UsageMerger) -> None:
+        self.a = a
+        self.b = b
+
+    def feed(self, block: bytes) -> bytes:
+        out = self.a.feed(block)
+        return self.b.feed(out) if out else out
+
+
+def merge_answer(data: bytes, p_answer: dict[str, Any]) -> bytes:
+    """A whole decode answer with the prefill's usage details and prompt logprobs."""
+    p_usage = p_answer.get("usage")
+    p_logprobs = p_answer.get("prompt_logprobs")
+    pc = p_answer.get("choices")
+    p_choices: list[Any] = pc if isinstance(pc, list) else []
+    has_choice_lp = any(isinstance(c, dict) and c.get("prompt_logprobs") is not None
+                        for c in p_choices)
+    if not isinstance((p_usage or {}).get("prompt_tokens_details"), dict) \
+            and p_logprobs is None and not has_choice_lp:
+        return data
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data
+    if not isinstance(obj, dict):
+        return data
+    if "usage" in obj:
+        obj["usage"] = merge_usage(obj["usage"], p_usage)
+    if p_logprobs is not None:
+        obj["prompt_logprobs"] = p_logprobs
+    if has_choice_lp and isinstance(obj.get("choices"), list):
+        by_index = {c.get("index"): c for c in p_choices if isinstance(c, dict)}
+        for c in obj["choices"]:
+            if isinstance(c, dict):
+                pc = by_index.get(c.get("index")) or by_index.get(0)
+                if pc is not None and pc.get("prompt_logprobs") is not None:
+                    c["prompt_logprobs"] = pc["prompt_logprobs"]
+    return orjson.dumps(obj)
+
+
+__all__ = ["Ctx", "LegFailed", "PdPath", "merge_answer", "merge_usage", "prefill_body"]

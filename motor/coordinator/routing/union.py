@@ -1,0 +1,364 @@
+"""``union``: the request path of the default mode (one instance computes prefill and decode).
+
+1. :func:`~motor.coordinator.routing.base.parse_request` parses the body once for
+   ``model``, ``stream``, ``max_tokens`` and a prompt-size estimate (400 for a body that is
+   not a JSON object);
+2. candidates = routable endpoints of role ``union`` serving the model (404 if no endpoint
+   serves it, 503 if none is routable); the policy picks one (``kv_affinity`` tokenizes
+   the request once for its routing key);
+3. the client's body bytes go upstream unchanged (extension fields, ``stream_options``,
+   token-id prompts all pass as sent; ``return_token_ids`` spliced in for mid-stream
+   failover) with the forwarded headers and ``x-request-id``;
+4. a connection refused / reset before any answer byte, a connect timeout, the endpoint
+   leaving the routable set while the request waits for its first byte, or a retryable
+   status is retried on another endpoint (``retries.max_attempts``, doubling backoff;
+   :func:`motor.coordinator.recovery.retryable_status`);
+5. the answer goes back with the engine's status: SSE streams chunk by chunk as they
+   arrive, cut only at event boundaries (:func:`~motor.coordinator.routing.base.relay_sse`);
+   a stream whose engine fails is continued on another instance or ended with one SSE error
+   event and ``data: [DONE]`` (:func:`motor.coordinator.recovery.after_leg`); other bodies
+   whole, an engine error that is not an OpenAI error body wrapped into one, status kept.
+
+Every accepted request ends with exactly one terminal answer; the endpoint's load is a
+:class:`~motor.coordinator.endpoints.Lease` released in a ``finally``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from motor.config.schema import Role
+from motor.coordinator import metrics
+from motor.coordinator.endpoints import EndpointState, EndpointTable, Lease, Waiting
+from motor.coordinator.policy import Policy, RequestInfo
+from motor.coordinator.recovery import (END, REFUSE, StreamRecovery, after_leg, continuable,
+                                        inject_token_ids, retryable_status)
+from motor.coordinator.routing.base import (JSON, Headers, Parsed, RequestPath, Route, Settings,
+                                            engine_error_body, failure_text, note_status,
+                                            parse_request, read_whole, relay_sse, settle_leg,
+                                            transport_failed)
+from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
+from motor.http.server import Request, Response
+from motor.protocol.openai import sse_error_event
+
+logger = logging.getLogger(__name__)
+
+
+class Load:
+    """What a request adds to an endpoint's load counters while it runs there (tokens:
+    prompt estimate + max_tokens; decode_tokens: max_tokens)."""
+
+    __slots__ = ("tokens", "decode_tokens")
+
+    def __init__(self, tokens: int, decode_tokens: int) -> None:
+        self.tokens = tokens
+        self.decode_tokens = decode_tokens
+
+
+class Fail:
+    """No engine answer to pass on: motor answers ``status`` with an OpenAI error."""
+
+    __slots__ = ("status", "message")
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+
+
+class Whole:
+    """An engine's complete (non-streamed) answer."""
+
+    __slots__ = ("status", "ctype", "data", "headers")
+
+    def __init__(self, status: int, ctype: bytes, data: bytes, headers: Headers) -> None:
+        self.status = status
+        self.ctype = ctype
+        self.data = data
+        self.headers = headers
+
+
+class Opened:
+    """An engine's streamed answer, open; its lease is held until the stream's leg ends."""
+
+    __slots__ = ("ep", "up", "ctype", "lease")
+
+    def __init__(self, ep: EndpointState, up: UpstreamResponse, ctype: bytes,
+                 lease: Lease) -> None:
+        self.ep = ep
+        self.up = up
+        self.ctype = ctype
+        self.lease = lease
+
+
+class Retry:
+    """One attempt failed before anything reached the client: try another endpoint."""
+
+    __slots__ = ("error", "answer")
+
+    def __init__(self, error: str, answer: Whole | None = None) -> None:
+        self.error = error
+        self.answer = answer
+
+
+class _Evicted(Exception):
+    """The endpoint left the routable set while the attempt waited for its first byte."""
+
+
+class UnionPath(RequestPath):
+    """The ``union`` request path over an endpoint table and a policy."""
+
+    name = "union"
+
+    def __init__(self, settings: Settings, table: EndpointTable, policy: Policy) -> None:
+        self.s = settings
+        self.table = table
+        self.policy = policy
+
+    async def handle(self, route: Route, req: Request, resp: Response) -> None:
+        p = parse_request(self.s, route, req, resp)
+        if p is not None:
+            await self.serve(route, p, resp)
+
+    async def serve(self, route: Route, p: Parsed, resp: Response) -> None:
+        """Answer ``p`` from a union instance (a PD mode falling back to union calls this
+        with the request it parsed)."""
+        candidates = self.table.candidates(Role.UNION, p.model)
+        if not candidates:
+            if p.model is not None and not self.table.has_model(p.model):
+                route.fail(resp, 404, f"The model `{p.model}` does not exist.", p.rid_header)
+            else:
+                route.fail(resp, 503, "no ready instance can serve this request"
+                           + (f" (model {p.model})" if p.model else ""), p.rid_header)
+            return
+        info = p.info()
+        if self.policy.uses_prefix:  # kv_affinity: routing key = the tokenized request
+            self.policy.prepare(info, route.name, p.body)
+        rec, with_ids, why_not = self._recovery(route, p)
+        load = Load(info.prompt_tokens + p.max_tokens, p.max_tokens)
+        try:
+            res = await self.dispatch(route.path, p.raw, with_ids, p.fwd, info, load, set(),
+                                      p.stream, candidates)
+        except asyncio.CancelledError:
+            metrics.CLIENT_DISCONNECTS.labels("before_answer").inc()
+            raise
+        if isinstance(res, Fail):
+            route.fail(resp, res.status, res.message, p.rid_header)
+        elif isinstance(res, Whole):
+            self._answer_whole(route, p, resp, res)
+        else:
+            await self._stream(route, p, resp, res, rec, info, load, why_not)
+
+    def _recovery(self, route: Route, p: Parsed
+                  ) -> tuple[StreamRecovery | None, bytes, str]:
+        """(mid-stream recovery or ``None``, the body with ``return_token_ids``, why not
+        continuable when ``None``)."""
+        if not p.stream:
+            return None, p.raw, "not a stream"
+        if not (self.s.failover_on and route.name in ("chat", "completions")):
+            return None, p.raw, "failover is off"
+        why = continuable(route.chat, p.body)
+        if why is not None:
+            logger.debug("request %s: no mid-stream failover (%s)", p.rid.decode("latin-1"), why)
+            return None, p.raw, why
+        return StreamRecovery(route.chat, p.body), inject_token_ids(p.raw, p.body), ""
+
+    def _answer_whole(self, route: Route, p: Parsed, resp: Response, res: Whole) -> None:
+        data, ctype = res.data, res.ctype
+        if res.status >= 400:
+            wrapped = engine_error_body(res.status, data)
+            if wrapped is not data:
+                data, ctype = wrapped, JSON
+        route.count(res.status)
+        resp.send(res.status, data, content_type=ctype, headers=p.rid_header + res.headers)
+        elapsed = time.perf_counter() - p.t0
+        route.ttft.observe(elapsed)
+        route.e2e.observe(elapsed)
+
+    # -- dispatch: pick, send, retry before the first byte ------------------------------
+    async def dispatch(self, path: bytes, raw: bytes, with_ids: bytes,
+                       fwd: list[tuple[bytes, bytes]], info: RequestInfo, load: Load,
+                       tried: set[EndpointState], stream: bool,
+                       first: list[EndpointState] | None = None) -> Fail | Whole | Opened:
+        """Send the request to an endpoint, retrying on another one (bounded, with backoff)
+        while nothing reached the client. A streamed answer comes back open
+        (:class:`Opened`); any other answer is read whole. ``with_ids``: the body with
+        ``return_token_ids`` (``raw`` itself when not needed), sent to endpoints
+        :meth:`Settings.ids_for` accepts. ``first``: the candidate list for the first
+        attempt when the caller just built it (no await in between)."""
+        s = self.s
+        last_error = "no attempt made"
+        last_answer: Whole | None = None
+        n_tried = 0
+        for attempt in range(s.max_attempts):
+            await s.pause(attempt)
+            candidates = first if attempt == 0 and first is not None else \
+                self.table.candidates(Role.UNION, info.model)
+            if not candidates:
+                break
+            ep = self.policy.pick(candidates, info, tried)
+            if ep is None:
+                break
+            tried.add(ep)
+            n_tried += 1
+            body = with_ids if with_ids is not raw and s.ids_for(ep) else raw
+            res = await self._attempt(ep, path, body, fwd, info, load, stream)
+            if not isinstance(res, Retry):
+                return res
+            last_error = res.error
+            if res.answer is not None:
+                last_answer = res.answer
+        if last_answer is not None:
+            return last_answer
+        return Fail(502 if n_tried else 503,
+                    f"no engine could take the request after {n_tried} attempt(s): {last_error}")
+
+    async def _attempt(self, ep: EndpointState, path: bytes, body: bytes,
+                       fwd: list[tuple[bytes, bytes]], info: RequestInfo, load: Load,
+                       stream: bool) -> Fail | Whole | Opened | Retry:
+        s = self.s
+        lease = ep.lease(load.tokens, info.prefill_tokens, load.decode_tokens)
+        self.policy.routed(ep, info)
+        handed = False
+        try:
+            try:
+                up = await self._send(ep, path, body, fwd,
+                                      s.stream_idle_step_s if stream else s.idle_timeout_s)
+            except _Evicted as e:
+                metrics.RETRIES.labels("endpoint_left").inc()
+                return Retry(f"{ep.url}: {e}")
+            except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+                reason = transport_failed(ep, e)
+                if reason is None:
+                    assert isinstance(e, UpstreamTimeout)
+                    return Fail(504, f"engine {ep.instance_id} did not answer within "
+                                     f"{e.timeout_s:g} s")
+                metrics.RETRIES.labels(reason).inc()
+                logger.debug("attempt on %s failed: %s", ep.url, e)
+                return Retry(failure_text(ep, e))
+            note_status(ep, up.status)
+            ctype = up.header(b"content-type", JSON) or JSON
+            if up.status < 300 and ctype.startswith(b"text/event-stream"):
+                handed = True   # the stream holds the lease now
+                return Opened(ep, up, ctype, lease)
+            return await self._read_answer(ep, up, ctype)
+        finally:
+            if not handed:
+                lease.release()
+
+    async def _send(self, ep: EndpointState, path: bytes, body: bytes,
+                    fwd: list[tuple[bytes, bytes]], idle_s: float) -> UpstreamResponse:
+        """POST to ``ep``; raises :class:`_Evicted` when the endpoint leaves the routable set
+        before the answer's first byte (:meth:`EndpointState.evict_waiting`)."""
+        task = asyncio.current_task()
+        w = Waiting(task)
+        ep.waiting.add(w)
+        try:
+            return await ep.pool.request(b"POST", path, body, fwd,
+                                         first_byte_timeout_s=self.s.first_byte_timeout_s,
+                                         idle_timeout_s=idle_s)
+        except asyncio.CancelledError:
+            if w.evicted is not None and task is not None and task.uncancel() == 0:
+                raise _Evicted(w.evicted) from None
+            raise
+        finally:
+            ep.waiting.discard(w)
+
+    async def _read_answer(self, ep: EndpointState, up: UpstreamResponse,
+                           ctype: bytes) -> Fail | Whole | Retry:
+        status = up.status
+        try:
+            async with up:
+                data = await read_whole(up, self.s.idle_timeout_s)
+        except UpstreamTimeout as e:
+            metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
+            return Fail(504, f"engine {ep.instance_id} stopped answering for {e.timeout_s:g} s")
+        except (UpstreamClosed, OSError) as e:
+            # nothing reached the client yet: the answer can still come from elsewhere
+            metrics.UPSTREAM_ERRORS.labels(ep.url, "closed").inc()
+            ep.failed()
+            metrics.RETRIES.labels("closed").inc()
+            return Retry(failure_text(ep, e))
+        retry_after = up.header(b"retry-after")
+        extra = ((b"retry-after", retry_after),) if retry_after is not None else ()
+        answer = Whole(status, ctype, data, extra)
+        if status >= 400 and retryable_status(status, up.headers, self.s.retry_statuses):
+            metrics.RETRIES.labels(f"status_{status}").inc()
+            return Retry(f"{ep.url}: answered {status}", answer)
+        return answer
+
+    # -- streams ----------------------------------------------------------------------
+    async def _stream(self, route: Route, p: Parsed, resp: Response, leg: Opened,
+                      rec: StreamRecovery | None, info: RequestInfo, load: Load,
+                      why_not: str) -> None:
+        """Relay a streamed answer, continuing it on another instance when its engine fails
+        (``rec`` set) or restarting it while no event reached the client; ends exactly once."""
+        resp.start(200, content_type=leg.ctype, headers=p.rid_header)
+        status = 200
+        wrote_any = False
+        legs = 0
+        cur: Opened | None = leg
+        try:
+            while cur is not None:
+                leg = cur
+                err, wrote = await relay_sse(leg.up, resp, rec, route, p.t0, not wrote_any,
+                                             self.s.idle_timeout_s,
+                                             on_prefill_done=leg.lease.prefill_done)
+                wrote_any = wrote_any or wrote
+                leg.up.close()
+                status, cur = await self._next_leg(route, p, resp, leg, err, rec, info, load,
+                                                   legs, wrote_any, why_not)
+                legs += 1
+        except (asyncio.CancelledError, ConnectionError):
+            metrics.CLIENT_DISCONNECTS.labels("streaming").inc()
+            raise
+        finally:
+            leg.up.close()
+            leg.lease.release()
+        route.count(status)
+        route.e2e.observe(time.perf_counter() - p.t0)
+
+    async def _next_leg(self, route: Route, p: Parsed, resp: Response, leg: Opened,
+                        err: BaseException | None, rec: StreamRecovery | None,
+                        info: RequestInfo, load: Load, legs: int, wrote_any: bool,
+                        why_not: str) -> tuple[int, Opened | None]:
+        """After a leg: end the answer (its status, ``None``) or open the next leg."""
+        ep = leg.ep
+        if isinstance(err, UpstreamTimeout):
+            metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
+            ep.failed()
+            if resp.client_gone:
+                raise asyncio.CancelledError()
+            resp.end(sse_error_event(504, f"engine {ep.instance_id} stopped sending for "
+                                          f"longer than the idle timeout "
+                                          f"({self.s.idle_timeout_s:g} s)"))
+            return 504, None
+        v = after_leg(rec, err, legs=legs, max_continuations=self.s.max_continuations,
+                      wrote_any=wrote_any, path=route.path, raw=p.raw, why_not=why_not)
+        settle_leg(ep, err, v.engine_ok)
+        if v.action == END:
+            resp.end(v.tail or b"")
+            return 200, None
+        if resp.client_gone:
+            raise asyncio.CancelledError()
+        if v.action == REFUSE:
+            metrics.FAILOVER_REFUSED.labels("refused").inc()
+            msg = f"engine {ep.instance_id} failed mid-stream ({err or v.reason}); " \
+                  f"not continued: {v.why}"
+            logger.warning("stream from %s ended early: %s", ep.url, msg)
+            resp.end(v.tail if v.tail is not None else sse_error_event(502, msg))
+            return 502, None
+        leg.lease.release()
+        metrics.FAILOVERS.labels(v.reason).inc()
+        logger.info("stream from %s continues elsewhere (%s, leg %d)", ep.url, v.reason,
+                    legs + 2)
+        nxt = await self.dispatch(v.path, v.body, v.body, p.fwd, info, load, {ep}, True)
+        if isinstance(nxt, Opened):
+            return 200, nxt
+        st = nxt.status if nxt.status >= 400 else 502
+        msg = nxt.message if isinstance(nxt, Fail) else nxt.data[:512].decode("utf-8", "replace")
+        resp.end(sse_error_event(st, f"the stream could not be continued: {msg}"))
+        return st, None
+
+
+__all__ = ["Fail", "Load", "Opened", "UnionPath", "Whole"]
