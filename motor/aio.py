@@ -5,7 +5,7 @@ import asyncio
 from typing import Any
 
 
-async def cancel_and_wait(*tasks: "asyncio.Task[Any] | None", step_s: float = 0.5) -> None:
+async def cancel_and_wait(*tasks: asyncio.Task[Any] | None, step_s: float = 0.5) -> None:
     """Cancel ``tasks`` and wait until every one is done.
 
     A task is cancelled again while it still runs: Python 3.11's ``asyncio.wait_for`` loses a

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -25,8 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _bounded(cast: "Callable[[str], T]", ok: "Callable[[T], bool]", expected: str,
-             ) -> "Callable[[str], T]":
+def _bounded(cast: Callable[[str], T], ok: Callable[[T], bool], expected: str,
+             ) -> Callable[[str], T]:
     """An argparse type: ``cast`` the text, then require ``ok``; the error says ``expected``."""
     def parse(v: str) -> T:
         try:

@@ -1,11 +1,14 @@
-"""motor's own error tree (one module, four families).
+"""motor's own error tree (one module, three families).
 
 * :class:`ConfigError` (also a ``ValueError``): bad input from a user: config file,
   command line.
-* :class:`EngineError`: an engine answered with an error status; carries it.
 * :class:`WireError` (also a ``ValueError``): malformed data from the wire (engine,
   controller, client).
 * :class:`InternalError`: a bug in motor itself.
+
+An engine's refusal is not an exception here: the request paths carry its status and body
+to the client as they are (:mod:`motor.coordinator.routing`: ``union.Whole``, or
+``pd_common.LegFailed`` with the engine's body, between the legs of a PD request).
 """
 from __future__ import annotations
 
@@ -16,23 +19,6 @@ class MotorError(Exception):
 
 class ConfigError(MotorError, ValueError):
     """Invalid configuration: message names the field, the expected and the received value."""
-
-
-class EngineError(MotorError):
-    """An engine refused a request.
-
-    Parameters
-    ----------
-    status : int
-        HTTP status the engine answered with.
-    body : bytes
-        The engine's body, passed to the client unchanged when possible.
-    """
-
-    def __init__(self, status: int, body: bytes = b"") -> None:
-        super().__init__(f"engine answered {status}")
-        self.status = status
-        self.body = body
 
 
 class WireError(MotorError, ValueError):

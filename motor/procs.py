@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 #: prctl option that sends the child a signal when its parent thread dies (linux/prctl.h)
 PR_SET_PDEATHSIG = 1
 
 
-def _load_prctl() -> "Callable[..., int] | None":
+def _load_prctl() -> Callable[..., int] | None:
     try:
         import ctypes
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux / no libc symbol
         return None
 

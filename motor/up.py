@@ -21,7 +21,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Callable
+from collections.abc import Callable
+from typing import IO
 
 from motor.config import ClusterConfig, load_config, load_default_config
 from motor.config.load import parse_config
@@ -67,12 +68,13 @@ class Cluster:
         env["PYTHONUNBUFFERED"] = "1"
         if self.log_dir:
             env.setdefault("MOTOR_ENGINE_LOG_DIR", os.path.join(self.log_dir, "engines"))
+        out: IO[bytes] | None
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
             out = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
             self._logs.append(out)
         else:
-            out = None  # type: ignore[assignment]
+            out = None
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                              preexec_fn=_PREEXEC, env=env)
         logger.info("started %s (pid %d)", name, p.pid)
@@ -165,7 +167,7 @@ class Cluster:
         controller = [(n, p) for n, p in self.procs if n == "controller"]
         others = [(n, p) for n, p in reversed(self.procs) if n != "controller"]
         for batch in (others, controller):
-            for name, p in batch:
+            for _name, p in batch:
                 if p.poll() is None:
                     try:
                         os.killpg(p.pid, signal.SIGTERM)
@@ -270,7 +272,7 @@ def main(args: argparse.Namespace) -> int:
                 n = cluster.routable()
                 if n is not None and n != last:
                     print(f"motor up: {n} of {want} engine endpoint(s) routable"
-                          + ("" if n == want else f"; see the logs"
+                          + ("" if n == want else "; see the logs"
                              + (f" in {args.log_dir}" if args.log_dir else "")), file=sys.stderr)
                     last = n
             time.sleep(0.2)

@@ -10,7 +10,9 @@ HASH_ZERO_REMAP: Final[int]
 #: True when compiled with -DMOTOR_DEBUG=1.
 DEBUG: Final[bool]
 
-_Tokens = Buffer | list[int] | tuple[int, ...]
+# ndarray is listed apart from Buffer: numpy's stubs declare ndarray.__buffer__ only for
+# Python >= 3.12, so under python_version = 3.11 an array is not a Buffer to mypy
+_Tokens = Buffer | npt.NDArray[np.uint32] | list[int] | tuple[int, ...]
 
 def block_hashes(
     tokens: _Tokens, block_size: int, parent: int = 0, extra: int = 0
@@ -18,7 +20,11 @@ def block_hashes(
     """uint32[n] tokens -> uint64[n // block_size] chained block hashes (never 0)."""
 
 def block_hashes_into(
-    tokens: _Tokens, block_size: int, out: Buffer, parent: int = 0, extra: int = 0
+    tokens: _Tokens,
+    block_size: int,
+    out: Buffer | npt.NDArray[np.uint64],
+    parent: int = 0,
+    extra: int = 0,
 ) -> int:
     """Write n // block_size hashes into out (uint64, writable); return the count."""
 

@@ -11,7 +11,9 @@ TIER_DISK: Final[int]    # 2, disk / remote store
 N_TIERS: Final[int]      # 3
 DEBUG: Final[bool]
 
-_Hashes = Buffer | list[int] | tuple[int, ...]
+# ndarray is listed apart from Buffer: numpy's stubs declare ndarray.__buffer__ only for
+# Python >= 3.12, so under python_version = 3.11 an array is not a Buffer to mypy
+_Hashes = Buffer | npt.NDArray[np.uint64] | list[int] | tuple[int, ...]
 
 class PrefixIndex:
     """Per instance and tier, which leading blocks of a prompt are cached."""

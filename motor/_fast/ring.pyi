@@ -1,8 +1,8 @@
 """Type stubs for motor._fast.ring (SPSC ring of framed records in shared memory)."""
 from types import TracebackType
-from typing import Final
+from typing import Final, Self
 
-from typing_extensions import Buffer, Self
+from typing_extensions import Buffer
 
 RECORD_PAD: Final[int]       # 0, internal, never returned
 RECORD_OVERFLOW: Final[int]  # 1, payload: uint64 LE count of dropped records

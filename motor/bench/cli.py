@@ -11,6 +11,8 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from motor.bench.config import (CONVERSATION_SAMPLING, DATASETS, DEFAULT_CONCURRENCY,
                                 DEFAULT_NUM_REQUESTS, BenchConfig, BenchError)
@@ -85,27 +87,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seed of the dataset, of the Poisson arrivals and of the random "
                         "conversation draws (same seed, same prompts)")
 
-    l = parser.add_argument_group("load")
-    l.add_argument("--concurrency", type=positive_int, default=None,
-                   help="max requests in flight; without --request-rate it is a closed loop "
-                        f"keeping this many busy; None = {DEFAULT_CONCURRENCY} in closed loop, "
-                        "no cap with --request-rate")
-    l.add_argument("--request-rate", type=positive_float, default=None,
-                   help="open loop: start requests at Poisson arrivals of this rate (req/s), "
-                        "still capped by --concurrency if given")
-    l.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
-                   help="stream answers (SSE, with stream_options.include_usage); TTFT, ITL "
-                        "and TPOT are only measured when streaming")
-    l.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=False,
-                   help="send ignore_eos: true (vLLM / SGLang extension) so every answer has "
-                        "--output-len tokens")
-    l.add_argument("--duration", type=positive_float, default=None,
-                   help="stop starting new requests after this many seconds (requests in "
-                        "flight still finish); None = no limit")
-    l.add_argument("--timeout", type=positive_float, default=300.0,
-                   help="per-request timeout in seconds (whole answer); a request past it fails")
-    l.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",
-                   help="JSON object merged into every request body, e.g. '{\"temperature\": 0}'")
+    ld = parser.add_argument_group("load")
+    ld.add_argument("--concurrency", type=positive_int, default=None,
+                    help="max requests in flight; without --request-rate it is a closed loop "
+                         f"keeping this many busy; None = {DEFAULT_CONCURRENCY} in closed loop, "
+                         "no cap with --request-rate")
+    ld.add_argument("--request-rate", type=positive_float, default=None,
+                    help="open loop: start requests at Poisson arrivals of this rate (req/s), "
+                         "still capped by --concurrency if given")
+    ld.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                    help="stream answers (SSE, with stream_options.include_usage); TTFT, ITL "
+                         "and TPOT are only measured when streaming")
+    ld.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=False,
+                    help="send ignore_eos: true (vLLM / SGLang extension) so every answer has "
+                         "--output-len tokens")
+    ld.add_argument("--duration", type=positive_float, default=None,
+                    help="stop starting new requests after this many seconds (requests in "
+                         "flight still finish); None = no limit")
+    ld.add_argument("--timeout", type=positive_float, default=300.0,
+                    help="per-request timeout in seconds (whole answer); a request past it fails")
+    ld.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",
+                    help="JSON object merged into every request body, e.g. '{\"temperature\": 0}'")
 
     o = parser.add_argument_group("output")
     o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -130,7 +132,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         timeout=args.timeout, extra_body=args.extra_body or {}, progress=progress)
 
 
-def _run(coro):
+_T = TypeVar("_T")
+
+
+def _run(coro: Coroutine[Any, Any, _T]) -> _T:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency

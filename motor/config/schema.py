@@ -375,7 +375,7 @@ class ClusterConfig(_Strict):
     nodes: list[NodeConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _check(self) -> "ClusterConfig":
+    def _check(self) -> ClusterConfig:
         for i, n in enumerate(self.nodes):
             for j, m in enumerate(self.nodes[:i]):
                 if m.name == n.name:

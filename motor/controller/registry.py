@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 from motor.protocol.instances import (Heartbeat, Instance, InstanceState, InstanceTable,
                                       NodeRegistration)
@@ -109,7 +109,8 @@ class Registry:
         return e.inst.state if e is not None else InstanceState.REMOVED
 
     def counts(self) -> dict[InstanceState, int]:
-        out = {s: 0 for s in InstanceState if s is not InstanceState.REMOVED}
+        out: dict[InstanceState, int] = {
+            s: 0 for s in InstanceState if s is not InstanceState.REMOVED}
         for e in self._entries.values():
             out[e.inst.state] += 1
         return out
@@ -238,7 +239,7 @@ class Registry:
         ev = self._event
         try:
             await asyncio.wait_for(ev.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         return self.table()
 

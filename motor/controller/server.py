@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import socket
 import time
 
 import orjson

@@ -3,49 +3,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-from urllib.parse import urlsplit
 
 from motor.aio import cancel_and_wait
-from motor.config.schema import ClusterConfig, Role
+from motor.config.schema import ClusterConfig
+from motor.coordinator.backends import parse_backend
 from motor.coordinator.endpoints import ControllerWatcher, EndpointTable, StaticBackends
 from motor.coordinator.kv.router import KvRouter
 from motor.coordinator.kv.subscriber import KvEventFeed
 from motor.coordinator.policy import make_policy
 from motor.coordinator.server import Coordinator
-from motor.errors import ConfigError
 from motor.http.client import Client
-from motor.http.server import HttpServer, install_uvloop
+from motor.http.server import HttpServer
 
 logger = logging.getLogger(__name__)
-
-
-def parse_backend(spec: str) -> tuple[Role, str, int]:
-    """``URL`` (union) or ``ROLE=URL`` -> (role, host, port).
-
-    Raises
-    ------
-    ConfigError
-        for an unknown role or a URL that is not ``http://HOST:PORT``.
-    """
-    role = Role.UNION
-    url = spec
-    if "=" in spec and not spec.startswith("http"):
-        r, url = spec.split("=", 1)
-        try:
-            role = Role(r)
-        except ValueError:
-            raise ConfigError(f"--backend role is expected to be one of "
-                              f"{[x.value for x in Role]}, got {r!r} (in {spec!r})") from None
-    u = urlsplit(url)
-    try:
-        port = u.port or 80
-    except ValueError:
-        port = -1
-    if u.scheme != "http" or not u.hostname or u.path not in ("", "/") or port < 0:
-        raise ConfigError(f"--backend is expected as [ROLE=]http://HOST:PORT, got {spec!r}")
-    return role, u.hostname, port
 
 
 async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
@@ -56,7 +27,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
 
     ``shm``: (ring prefix, load table name) of a multi-worker coordinator: this worker
     gets the instance table, slots and KV events from the feed process
-    (:class:`motor.coordinator.feed.WorkerLink`), counts load in its row of the shared
+    (:class:`motor.coordinator.rings.WorkerLink`), counts load in its row of the shared
     load table, and listens only once the feed's snapshot is applied.
     """
     c = cfg.coordinator
@@ -90,8 +61,8 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     link = None
     if shm is not None:
         from motor._fast.ring import Ring
-        from motor.coordinator.feed import WorkerLink, ring_names
         from motor.coordinator.loadtable import LoadTable
+        from motor.coordinator.rings import WorkerLink, ring_names
         prefix, load_name = shm
         load = LoadTable.attach(load_name)
         w_ring, h_ring = ring_names(prefix, worker_index)
@@ -135,14 +106,3 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
         link.close()
         link.load.close()
     client.close()
-
-
-def run(cfg: ClusterConfig, backends: list[str] | None = None,
-        controller_url: str | None = None) -> int:
-    if cfg.coordinator.workers > 1:
-        from motor.coordinator.supervisor import run_workers
-        return run_workers(cfg, backends, controller_url, cfg.coordinator.workers)
-    install_uvloop()
-    asyncio.run(serve(cfg, backends, controller_url,
-                      ready_file=os.environ.get("MOTOR_READY_FILE")))
-    return 0

@@ -5,7 +5,7 @@ import argparse
 import logging
 
 from motor.config import load_config, load_default_config
-from motor.config.schema import DeploymentMode, PolicyName
+from motor.config.schema import ClusterConfig, DeploymentMode, PolicyName
 from motor.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,30 @@ def _kv_events_arg(spec: str) -> tuple[str, str]:
     return url.rstrip("/"), addr
 
 
+def run(cfg: ClusterConfig, backends: list[str] | None = None,
+        controller_url: str | None = None) -> int:
+    """Serve ``cfg.coordinator`` until SIGTERM / SIGINT; returns the exit status.
+
+    One worker: this process serves (:func:`motor.coordinator.app.serve`, writing its port
+    to ``$MOTOR_READY_FILE`` when set). ``coordinator.workers > 1``: the supervisor runs
+    the feed and the workers (:func:`motor.coordinator.supervisor.run_workers`).
+    ``backends``: standalone mode's ``--backend`` specs; ``controller_url``: the
+    controller to follow otherwise (default: ``cfg.controller.url``).
+    """
+    if cfg.coordinator.workers > 1:
+        from motor.coordinator.supervisor import run_workers
+        return run_workers(cfg, backends, controller_url, cfg.coordinator.workers)
+    import asyncio
+    import os
+
+    from motor.coordinator.app import serve
+    from motor.http.server import install_uvloop
+    install_uvloop()
+    asyncio.run(serve(cfg, backends, controller_url,
+                      ready_file=os.environ.get("MOTOR_READY_FILE")))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config) if args.config else load_default_config()
@@ -65,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"coordinator.workers is expected to be 1 with mode pd_decode_first (the "
                 f"metaserver callback must reach the worker holding the request), got {c.workers}")
-        from motor.coordinator.app import parse_backend, run
+        from motor.coordinator.backends import parse_backend
         for b in args.backend:
             parse_backend(b)
         from motor.coordinator.policy import make_policy

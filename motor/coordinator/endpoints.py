@@ -26,6 +26,7 @@ import orjson
 from motor.config.schema import BreakerConfig, EngineKind, Role
 from motor.coordinator import metrics
 from motor.coordinator.breaker import CLOSED, HALF_OPEN, Breaker
+from motor.coordinator.controller_poll import controller_address, follow_controller
 from motor.coordinator.loadtable import LoadCell
 from motor.http.client import Client, Pool
 from motor.protocol.instances import InstanceState, InstanceTable
@@ -353,46 +354,26 @@ class EndpointTable:
 
 
 class ControllerWatcher:
-    """Follows the controller's live instance table with a long poll."""
+    """Follows the controller's live instance table with a long poll
+    (:func:`motor.coordinator.controller_poll.follow_controller`) into ``table``;
+    ``synced`` is set once the first table is applied.
+
+    Raises
+    ------
+    ValueError
+        for a ``controller_url`` that is not ``http://HOST:PORT``.
+    """
 
     def __init__(self, table: EndpointTable, controller_url: str, poll_timeout_s: float = 10.0) -> None:
-        from urllib.parse import urlsplit
-        u = urlsplit(controller_url)
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"controller URL is expected as http://HOST:PORT, got {controller_url!r}")
-        self.host = u.hostname
-        self.port = u.port or 80
+        self.host, self.port = controller_address(controller_url)
         self.table = table
         self.poll_timeout_s = poll_timeout_s
         self.client = Client(max_connections_per_endpoint=4, connect_timeout_s=2.0)
         self.synced = asyncio.Event()
 
     async def run(self) -> None:
-        down_since: float | None = None
-        while True:
-            path = f"/v1/instances?after={self.table.version}&timeout={self.poll_timeout_s:g}"
-            try:
-                status, body = await self.client.get_json_bytes(
-                    self.host, self.port, path, self.poll_timeout_s + 5.0)
-                if status != 200:
-                    raise ConnectionError(f"controller answered {status}")
-                table = InstanceTable.model_validate(orjson.loads(body))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - any failure: log once per outage, retry
-                if down_since is None:
-                    down_since = time.monotonic()
-                    logger.warning("controller %s:%d unreachable (%s); keeping the last instance "
-                                   "table (version %d) and retrying", self.host, self.port, e,
-                                   self.table.version)
-                await asyncio.sleep(0.5)
-                continue
-            if down_since is not None:
-                logger.info("controller reachable again after %.1f s", time.monotonic() - down_since)
-                down_since = None
-            if table.version != self.table.version or not self.synced.is_set():
-                self.table.apply(table)
-            self.synced.set()
+        await follow_controller(self.client, self.host, self.port, self.table.apply,
+                                self.synced, self.poll_timeout_s)
 
     def close(self) -> None:
         self.client.close()

@@ -1,30 +1,12 @@
-"""The feed process of a multi-worker coordinator, and each worker's end of its rings.
+"""The feed process of a multi-worker coordinator.
 
 One feed process (started by :mod:`motor.coordinator.supervisor`) is the only subscriber
 to the controller's instance table, to the engines' KV events and to their ``/metrics``;
 it is the one authority on instance slots of the load table
 (:mod:`motor.coordinator.loadtable`). It writes ordered records into one SPSC ring per
-worker (:mod:`motor._fast.ring`, ``<prefix>-w<i>``); each worker writes routing hints
-and requests into a ring of its own back to the feed (``<prefix>-h<i>``).
-
-Feed -> worker records (``RECORD_USER`` + n):
-
-* ``TABLE`` (orjson): the whole instance table (``null`` in standalone mode, where the
-  workers know their backends) with the slot and generation of every endpoint key, and
-  the keys whose KV events are subscribed. Tables are small (one entry per instance) and
-  every change sends the whole of it: there is no delta to lose.
-* ``KV`` (binary): index operations already re-hashed by
-  :class:`~motor.coordinator.kv.ingest.KvIngest` in the feed, each
-  ``<op u8, tier u8, slot u16, n u32, parent u64>`` then ``n`` uint64 block hashes;
-  op 1 store, 2 remove, 3 clear (the slot's blocks).
-* ``HINT`` (binary): an approximate-mode insertion made by another worker,
-  ``<slot u16, group length u16>`` + group (utf-8) + uint64 hashes.
-* ``SNAP_BEGIN`` / ``SNAP_END`` (``<nonce u64>``): a snapshot follows / is complete: the
-  worker clears its exact index, applies the ``TABLE`` and ``KV`` records in between,
-  and is synced (ready to accept requests) at the end.
-
-Worker -> feed records: ``HELLO <nonce u64>`` (I started, or I lost records: send me a
-snapshot) and ``HINT`` (forwarded to every other worker).
+worker and reads each worker's ring back to it; the records, and the workers' end of the
+rings (:class:`~motor.coordinator.rings.WorkerLink`), are in
+:mod:`motor.coordinator.rings`.
 
 Nothing is silently lost: the feed keeps an outbox per worker and moves records into the
 ring with ``try_push`` as space frees up. A worker that falls behind by more than
@@ -35,12 +17,14 @@ asks for a snapshot. A restarted worker sends ``HELLO`` and accepts no request b
 its ``SNAP_END``.
 
 Engine figures: every ``coordinator.feed.scrape_interval_s`` the feed reads each ready
-endpoint's ``/metrics`` (vLLM ``vllm:num_requests_waiting`` / ``num_requests_running`` /
-``kv_cache_usage_perc``, SGLang ``sglang:num_queue_reqs`` / ``num_running_reqs`` /
-``token_usage``) into the load table's engine figures.
+endpoint's ``/metrics`` (:func:`motor.protocol.engine_metrics.parse_engine_metrics`:
+waiting and running requests, KV cache usage of vLLM and SGLang) into the load table's
+engine figures.
 
 Management API (``coordinator.management_port``, served by the feed): ``/liveness``,
-``/readiness`` (every worker synced and some endpoint ready), ``/instances`` (the table
+``/readiness`` (:mod:`motor.coordinator.probes`: ready when every worker is synced with
+no backlog and some endpoint is ready; both bodies add ``workers_synced``, one boolean
+per worker), ``/instances`` (the table
 with slots, the load summed over workers and the engine figures) and ``/metrics``
 (prometheus multiprocess aggregation over all workers and the feed).
 """
@@ -49,68 +33,40 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import struct
 import time
 from collections import deque
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import orjson
 
+from motor._fast.ring import RECORD_OVERFLOW, Ring
 from motor.aio import cancel_and_wait
-from motor._fast.ring import RECORD_OVERFLOW, RECORD_USER, Ring
 from motor.config.schema import ClusterConfig
 from motor.coordinator.loadtable import LoadTable
+from motor.coordinator.rings import (
+    HELLO,
+    HINT,
+    KV,
+    OP_CLEAR,
+    OP_HEADER_BYTES,
+    OP_REMOVE,
+    OP_STORE,
+    SNAP_BEGIN,
+    SNAP_END,
+    TABLE,
+    decode_nonce,
+    encode_nonce,
+    encode_op,
+    ring_names,
+)
+from motor.protocol.engine_metrics import parse_engine_metrics
 from motor.protocol.instances import InstanceState, InstanceTable
-
-if TYPE_CHECKING:
-    from motor.coordinator.endpoints import EndpointTable
-    from motor.coordinator.kv.router import KvRouter
 
 logger = logging.getLogger(__name__)
 
-TABLE = RECORD_USER
-KV = RECORD_USER + 1
-HINT = RECORD_USER + 2
-SNAP_BEGIN = RECORD_USER + 3
-SNAP_END = RECORD_USER + 4
-HELLO = RECORD_USER + 5
 
-OP_STORE, OP_REMOVE, OP_CLEAR = 1, 2, 3
-_OP = struct.Struct("<BBHIQ")
-_HINT = struct.Struct("<HH")
-_NONCE = struct.Struct("<Q")
-
-
-def ring_names(prefix: str, worker: int) -> tuple[str, str]:
-    """(feed -> worker, worker -> feed) ring names of worker ``worker``."""
-    return f"{prefix}-w{worker}", f"{prefix}-h{worker}"
-
-
-def encode_op(op: int, slot: int, tier: int = 0, parent: int = 0,
-              hashes: np.ndarray | None = None) -> bytes:
-    h = b"" if hashes is None else np.ascontiguousarray(hashes, np.uint64).tobytes()
-    return _OP.pack(op, tier, slot, len(h) // 8, parent) + h
-
-
-def decode_ops(payload: bytes) -> list[tuple[int, int, int, int, np.ndarray]]:
-    """(op, slot, tier, parent, hashes) of one ``KV`` record."""
-    out = []
-    off = 0
-    n_all = len(payload)
-    while off < n_all:
-        op, tier, slot, n, parent = _OP.unpack_from(payload, off)
-        off += _OP.size
-        hashes = np.frombuffer(payload, np.uint64, n, off)
-        off += 8 * n
-        out.append((op, slot, tier, parent, hashes))
-    return out
-
-
-# =============================================================================
-# feed side
-# =============================================================================
 class RecordingIndex:
     """What :class:`~motor.coordinator.kv.ingest.KvIngest` writes to in the feed: instead
     of a radix tree, each operation is encoded for the workers (and kept, one dict entry
@@ -120,7 +76,7 @@ class RecordingIndex:
         self.on_ops = on_ops
         self.max_payload = max_payload
         # hashes per op so that one op always fits a record
-        self.max_hashes = max(1, (max_payload - _OP.size) // 8)
+        self.max_hashes = max(1, (max_payload - OP_HEADER_BYTES) // 8)
         self.buf: list[bytes] = []
         # (slot, tier) -> {motor hash: parent hash}, in store order (parents first)
         self.held: dict[tuple[int, int], dict[int, int]] = {}
@@ -281,7 +237,7 @@ class Feed:
         self.kv = FeedKv(self)
         # a record may take at most half a ring (motor._fast.ring)
         self.kv.index.max_payload = min(r.capacity for r, _ in rings) // 2 - 64
-        self.kv.index.max_hashes = max(1, (self.kv.index.max_payload - _OP.size) // 8)
+        self.kv.index.max_hashes = max(1, (self.kv.index.max_payload - OP_HEADER_BYTES) // 8)
         self.kv_feed: Any = None
         self._flush_scheduled = False
         self.wake = asyncio.Event()
@@ -344,12 +300,12 @@ class Feed:
         o.queue.clear()
         o.nonce = nonce
         q = o.queue
-        q.append((SNAP_BEGIN, _NONCE.pack(nonce)))
+        q.append((SNAP_BEGIN, encode_nonce(nonce)))
         if self.synced_table.is_set():
             q.append((TABLE, self._table_payload()))
         for p in self.kv.index.snapshot():
             q.append((KV, p))
-        q.append((SNAP_END, _NONCE.pack(nonce)))
+        q.append((SNAP_END, encode_nonce(nonce)))
         o.synced = True
         logger.info("worker %d: snapshot queued (%d record(s), %d slot(s))", i, len(q),
                     len(self.slots))
@@ -379,9 +335,8 @@ class Feed:
                 for t, p in o.back.pop_many(256):
                     busy = True
                     if t == HELLO:
-                        (nonce,) = _NONCE.unpack(p)
                         logger.info("worker %d asks for a snapshot", i)
-                        self.snapshot(i, nonce)
+                        self.snapshot(i, decode_nonce(p))
                     elif t == HINT:
                         self.broadcast(HINT, p, skip=i)
                     elif t == RECORD_OVERFLOW:
@@ -394,49 +349,35 @@ class Feed:
 
     # -- sources ------------------------------------------------------------------
     async def follow_controller(self) -> None:
+        """Long-poll the controller (:func:`motor.coordinator.controller_poll.follow_controller`)
+        into :meth:`apply_table`; the workers keep the last table while it is away."""
         from urllib.parse import urlsplit
 
+        from motor.coordinator.controller_poll import follow_controller
         from motor.http.client import Client
         u = urlsplit(self.controller_url)
-        host, port = u.hostname or "127.0.0.1", u.port or 80
         client = Client(max_connections_per_endpoint=2, connect_timeout_s=2.0)
-        version = -1
-        down = False
         try:
-            while True:
-                after = max(version, 0)
-                try:
-                    status, body = await client.get_json_bytes(
-                        host, port, f"/v1/instances?after={after}&timeout=10", 15.0)
-                    if status != 200:
-                        raise ConnectionError(f"controller answered {status}")
-                    table = InstanceTable.model_validate(orjson.loads(body))
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - retry; workers keep the last table
-                    if not down:
-                        logger.warning("feed: controller %s unreachable (%s); retrying",
-                                       self.controller_url, e)
-                        down = True
-                    await asyncio.sleep(0.5)
-                    continue
-                down = False
-                if table.version != version:
-                    version = table.version
-                    self.table = table
-                    eps = {}
-                    for inst in table.instances:
-                        if inst.state == InstanceState.REMOVED:
-                            continue
-                        for spec in inst.endpoints:
-                            key = f"{inst.id}#{spec.dp_rank}"
-                            eps[key] = SimpleNamespace(
-                                key=key, kv_events=inst.kv_events, dp_rank=spec.dp_rank,
-                                host=spec.host, port=spec.port,
-                                ready=inst.state == InstanceState.READY)
-                    self.set_endpoints(eps)
+            await follow_controller(client, u.hostname or "127.0.0.1", u.port or 80,
+                                    self.apply_table, who="feed: ")
         finally:
             client.close()
+
+    def apply_table(self, table: InstanceTable) -> None:
+        """A new instance table: its endpoints (instances not ``removed``; ready while
+        their instance is ``ready``) become the feed's (:meth:`set_endpoints`)."""
+        self.table = table
+        eps = {}
+        for inst in table.instances:
+            if inst.state == InstanceState.REMOVED:
+                continue
+            for spec in inst.endpoints:
+                key = f"{inst.id}#{spec.dp_rank}"
+                eps[key] = SimpleNamespace(
+                    key=key, kv_events=inst.kv_events, dp_rank=spec.dp_rank,
+                    host=spec.host, port=spec.port,
+                    ready=inst.state == InstanceState.READY)
+        self.set_endpoints(eps)
 
     async def scrape(self) -> None:
         from motor.http.client import Client
@@ -505,60 +446,25 @@ class Feed:
                 "endpoints": out}
 
 
-_ENGINE_NAMES = {
-    "vllm:num_requests_waiting": 0, "sglang:num_queue_reqs": 0,
-    "vllm:num_requests_running": 1, "sglang:num_running_reqs": 1,
-    "vllm:kv_cache_usage_perc": 2, "vllm:gpu_cache_usage_perc": 2, "sglang:token_usage": 2,
-}
-
-
-def parse_engine_metrics(text: str) -> tuple[float, float, float]:
-    """(waiting, running, KV usage) from an engine's Prometheus text (summed over label
-    sets; KV usage averaged)."""
-    vals = [0.0, 0.0, 0.0]
-    n_kv = 0
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        col = _ENGINE_NAMES.get(name)
-        if col is None:
-            continue
-        try:
-            v = float(line.rsplit(" ", 1)[1])
-        except (ValueError, IndexError):
-            continue
-        vals[col] += v
-        n_kv += col == 2
-    if n_kv > 1:
-        vals[2] /= n_kv
-    return vals[0], vals[1], vals[2]
-
-
 async def _management(feed: Feed, host: str, port: int) -> Any:
-    from motor.coordinator.supervisor import render_metrics
+    from motor.coordinator import probes
+    from motor.coordinator.metrics import CONTENT_TYPE, render_metrics
     from motor.http.server import HttpServer, Router
     r = Router()
-
-    async def liveness(req: Any, resp: Any) -> None:
-        resp.send(200, b'{"status":"ok"}')
 
     async def readiness(req: Any, resp: Any) -> None:
         synced = [o.synced and not o.queue for o in feed.out]
         ready = [k for k, e in feed.endpoints.items() if getattr(e, "ready", True)]
-        ok = all(synced) and bool(ready)
-        resp.send(200 if ok else 503, orjson.dumps(
-            {"status": "ready" if ok else "not ready", "workers_synced": synced,
-             "routable_endpoints": len(ready)}))
+        probes.readiness(resp, len(ready), all(synced), workers_synced=synced)
 
     async def instances(req: Any, resp: Any) -> None:
         resp.send(200, orjson.dumps(feed.instances()))
 
     async def metrics(req: Any, resp: Any) -> None:
-        resp.send(200, render_metrics(), content_type=b"text/plain; version=0.0.4; charset=utf-8")
+        resp.send(200, render_metrics(), content_type=CONTENT_TYPE)
 
-    r.get("/liveness")(liveness)
-    r.get("/health")(liveness)
+    r.get("/liveness")(probes.health)
+    r.get("/health")(probes.health)
     r.get("/readiness")(readiness)
     r.get("/instances")(instances)
     r.get("/metrics")(metrics)
@@ -606,183 +512,9 @@ def feed_main(cfg_json: str, prefix: str, n_workers: int, load_name: str,
     asyncio.run(main())
 
 
-# =============================================================================
-# worker side
-# =============================================================================
-class WorkerLink:
-    """A worker's end of its two rings: applies the feed's records to the worker's
-    :class:`~motor.coordinator.endpoints.EndpointTable`, its KV router (if any) and its
-    load-table cells; sends routing hints.
-
-    ``synced`` is set once a snapshot for this worker's latest ``HELLO`` is applied
-    (the worker listens only then).
-    """
-
-    def __init__(self, worker: int, load: LoadTable, ring: Ring, back: Ring,
-                 table: EndpointTable, router: KvRouter | None = None,
-                 static: bool = False) -> None:
-        self.worker = worker
-        self.load = load
-        self.ring = ring
-        self.back = back
-        self.table = table
-        self.router = router
-        self.static = static
-        self.synced = asyncio.Event()
-        self.nonce = 0
-        self._in_snapshot = False
-        self._waiting_nonce = True
-        self.key_of_slot: dict[int, str] = {}
-        self.slots: dict[str, tuple[int, int]] = {}
-        self.records = 0
-        self.snapshots = 0
-        self.hints_dropped = 0
-        if router is not None:
-            self._wrap_router(router)
-
-    def _wrap_router(self, router: KvRouter) -> None:
-        """Approximate-mode insertions of this worker go to the feed, which forwards them."""
-        local = router.routed
-
-        def routed(ep: Any, group: str | None, hashes: Any) -> None:
-            local(ep, group, hashes)
-            cell = ep.shared
-            if cell is None or hashes is None or not len(hashes) \
-                    or not router.uses_approximate(ep, group):
-                return
-            g = (group or "").encode()
-            if not self.back.try_push(HINT, _HINT.pack(cell.slot, len(g)) + g
-                                      + np.ascontiguousarray(hashes, np.uint64).tobytes()):
-                self.hints_dropped += 1
-        router.routed = routed  # type: ignore[method-assign]
-
-    def hello(self) -> None:
-        """Ask the feed for a snapshot (start, or records lost)."""
-        self.nonce = int.from_bytes(os.urandom(8), "little") >> 1
-        self._waiting_nonce = True
-        while not self.back.try_push(HELLO, _NONCE.pack(self.nonce)):
-            self.back.pop_many(1024)  # cannot happen in practice: the feed drains it
-
-    def poll(self) -> int:
-        """Apply what is in the ring now; returns the records handled."""
-        recs = self.ring.pop_many(512)
-        for t, p in recs:
-            self.handle(t, p)
-        self.records += len(recs)
-        return len(recs)
-
-    def handle(self, t: int, p: bytes) -> None:
-        if t == SNAP_BEGIN:
-            (nonce,) = _NONCE.unpack(p)
-            self._waiting_nonce = nonce != self.nonce
-            if not self._waiting_nonce:
-                self._in_snapshot = True
-                if self.router is not None:
-                    for s in self.router.slots().values():
-                        self.router.exact.clear(s)
-            return
-        if self._waiting_nonce:
-            return  # records for a predecessor of this worker, or before our snapshot
-        if t == TABLE:
-            self._table(orjson.loads(p))
-        elif t == KV:
-            self._kv(p)
-        elif t == HINT:
-            self._hint(p)
-        elif t == SNAP_END:
-            self._in_snapshot = False
-            self.snapshots += 1
-            self.synced.set()
-        elif t == RECORD_OVERFLOW:
-            logger.warning("worker %d: records from the feed were lost; asking for a snapshot",
-                           self.worker)
-            self.hello()
-
-    def _table(self, msg: dict[str, Any]) -> None:
-        if msg["table"] is not None and not self.static:
-            self.table.apply(InstanceTable.model_validate(msg["table"]))
-        self.slots = {k: (int(v[0]), int(v[1])) for k, v in msg["slots"].items()}
-        self.key_of_slot = {s: k for k, (s, _) in self.slots.items()}
-        for key, ep in self.table.endpoints.items():
-            sg = self.slots.get(key)
-            if sg is None:
-                continue
-            cur = ep.shared
-            if cur is None or (cur.slot, cur.gen) != sg:
-                self.rebind(ep, sg)
-        if self.router is not None:
-            r = self.router
-            r.sync(self.table.endpoints.keys())
-            ev = {r.slot(k) for k in msg["events"] if k in self.table.endpoints}
-            r.event_slots.clear()
-            r.event_slots.update(ev)
-
-    def rebind(self, ep: Any, sg: tuple[int, int]) -> None:
-        """Point ``ep`` at the cell of (slot, generation), carrying this worker's in-flight
-        counts over (they are released on the new cell)."""
-        cell = self.load.cell(self.worker, sg[0], sg[1])
-        row = self.load.load[self.worker, sg[0]]
-        row[:] = (ep.inflight, ep.inflight_tokens, ep.inflight_prefill_tokens,
-                  ep.inflight_decode_tokens)
-        self.load.row_gen[self.worker, sg[0]] = sg[1]
-        ep.shared = cell
-
-    def _local_slot(self, fslot: int) -> int | None:
-        key = self.key_of_slot.get(fslot)
-        if key is None or self.router is None or key not in self.table.endpoints:
-            return None
-        return self.router.slot(key)
-
-    def _kv(self, p: bytes) -> None:
-        r = self.router
-        if r is None:
-            return
-        now = r.clock()
-        for op, fslot, tier, parent, hashes in decode_ops(p):
-            s = self._local_slot(fslot)
-            if s is None:
-                continue
-            if op == OP_STORE:
-                r.exact.store(s, tier, parent, hashes, now)
-            elif op == OP_REMOVE:
-                r.exact.remove(s, tier, hashes)
-            elif op == OP_CLEAR:
-                r.exact.clear(s)
-        r.update_gauges()
-
-    def _hint(self, p: bytes) -> None:
-        r = self.router
-        if r is None:
-            return
-        fslot, glen = _HINT.unpack_from(p)
-        s = self._local_slot(fslot)
-        if s is None:
-            return
-        group = p[_HINT.size:_HINT.size + glen].decode() or None
-        hashes = np.frombuffer(p, np.uint64, offset=_HINT.size + glen)
-        r._approx(group).insert(s, hashes, r.clock())
-
-    async def run(self) -> None:
-        self.hello()
-        idle = 0
-        while True:
-            n = self.poll()
-            idle = 0 if n else idle + 1
-            await asyncio.sleep(0.001 if idle < 100 else 0.005)
-
-    def close(self) -> None:
-        self.ring.close()
-        self.back.close()
-
-
 __all__ = [
     "Feed",
     "FeedKv",
     "RecordingIndex",
-    "WorkerLink",
-    "decode_ops",
-    "encode_op",
     "feed_main",
-    "parse_engine_metrics",
-    "ring_names",
 ]

@@ -51,13 +51,10 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-
-if TYPE_CHECKING:
-    from motor.coordinator.endpoints import EndpointState
 
 MAGIC = 0x6D6F746F726C6474  # "motorldt"
 LAYOUT_VERSION = 1
@@ -313,7 +310,22 @@ class LoadCell:
         return ld[b], ld[b + 1], ld[b + 2], ld[b + 3]
 
 
-def load_columns(cands: Sequence[EndpointState]
+class EndpointLoad(Protocol):
+    """What :func:`load_columns` reads of an endpoint
+    (:class:`motor.coordinator.endpoints.EndpointState`): its own in-flight counters and,
+    with several workers, its cell of the shared table (None with one worker)."""
+
+    @property
+    def inflight(self) -> int: ...
+    @property
+    def inflight_prefill_tokens(self) -> int: ...
+    @property
+    def inflight_decode_tokens(self) -> int: ...
+    @property
+    def shared(self) -> LoadCell | None: ...
+
+
+def load_columns(cands: Sequence[EndpointLoad]
                  ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64],
                             npt.NDArray[np.float64]]:
     """(prefill tokens, decode tokens, requests) in flight per candidate, float64 arrays:
@@ -341,6 +353,7 @@ __all__ = [
     "SCRAPED_AT",
     "TOKENS",
     "WAITING",
+    "EndpointLoad",
     "LoadCell",
     "LoadTable",
     "load_columns",

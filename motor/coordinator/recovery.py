@@ -223,41 +223,23 @@ class StreamRecovery:
         return b
 
     def _event(self, obj: Any, raw: bytes) -> bytes | None:
+        """One decoded ``data:`` event of the current leg -> the bytes for the client
+        (``None``: drop it); records token ids and how the leg ends."""
         if not isinstance(obj, dict):
             return raw
         if "error" in obj and "choices" not in obj:
             self.engine_error = raw
             return None
-        changed = False
         first_leg = self.leg == 0
-        if first_leg:
-            if self.resp_id is None:
-                self.resp_id = obj.get("id")
-                self.created = obj.get("created")
-                self.model = obj.get("model")
-        if self.chat and not self.leg_is_cmpl:
-            pids = obj.get("prompt_token_ids")
-            if pids is not None:
-                if self.prompt_ids is None:
-                    self.prompt_ids = pids
-                if not self.client_ids or self.role_sent:
-                    del obj["prompt_token_ids"]
-                    obj.pop("prompt_text", None)   # vLLM adds it with return_token_ids
-                    changed = True
+        if first_leg and self.resp_id is None:
+            self.resp_id = obj.get("id")
+            self.created = obj.get("created")
+            self.model = obj.get("model")
+        changed = self._chat_prompt_ids(obj)
         usage = obj.get("usage")
         choices = obj.get("choices")
         if not choices:
-            if usage is not None and self.recomputed:
-                return None                 # the recomputed leg's usage: the next leg counts
-            if usage is not None:
-                if not first_leg:
-                    obj["usage"] = self._fix_usage(usage)
-                    self._stamp(obj)
-                    if self.chat:
-                        obj["object"] = "chat.completion.chunk"
-                    changed = True
-                self.usage_sent = True
-            return self._out(obj, raw, changed)
+            return self._usage_event(obj, raw, usage, first_leg, changed)
         c = choices[0]
         tids = c.get("token_ids")
         if "token_ids" in c:
@@ -268,16 +250,7 @@ class StreamRecovery:
                 changed = True
         if self.leg_is_cmpl:
             text = c.get("text") or ""
-            pids = c.pop("prompt_token_ids", None)
-            if pids is not None:
-                changed = True
-                ptext = c.pop("prompt_text", None)
-                if first_leg and self.client_ids and ptext is not None:
-                    c["prompt_text"] = ptext
-                if self.prompt_ids is None:
-                    self.prompt_ids = pids
-                if first_leg and self.client_ids:
-                    c["prompt_token_ids"] = pids
+            changed = self._cmpl_prompt_ids(c, first_leg) or changed
         else:
             delta = c.get("delta") or {}
             text = delta.get("content") or ""
@@ -312,6 +285,52 @@ class StreamRecovery:
         if not first_leg:
             self._stamp(obj)
             changed = True
+        return self._out(obj, raw, changed)
+
+    def _chat_prompt_ids(self, obj: dict[str, Any]) -> bool:
+        """A chat leg's top-level ``prompt_token_ids`` (vLLM's first chunk): recorded, and
+        removed unless the client asked for them; whether ``obj`` changed."""
+        if not self.chat or self.leg_is_cmpl:
+            return False
+        pids = obj.get("prompt_token_ids")
+        if pids is None:
+            return False
+        if self.prompt_ids is None:
+            self.prompt_ids = pids
+        if not self.client_ids or self.role_sent:
+            del obj["prompt_token_ids"]
+            obj.pop("prompt_text", None)   # vLLM adds it with return_token_ids
+            return True
+        return False
+
+    def _cmpl_prompt_ids(self, c: dict[str, Any], first_leg: bool) -> bool:
+        """A completion choice's ``prompt_token_ids`` / ``prompt_text``: recorded, passed on
+        only in the first leg to a client that asked for them; whether ``c`` changed."""
+        pids = c.pop("prompt_token_ids", None)
+        if pids is None:
+            return False
+        ptext = c.pop("prompt_text", None)
+        if first_leg and self.client_ids and ptext is not None:
+            c["prompt_text"] = ptext
+        if self.prompt_ids is None:
+            self.prompt_ids = pids
+        if first_leg and self.client_ids:
+            c["prompt_token_ids"] = pids
+        return True
+
+    def _usage_event(self, obj: dict[str, Any], raw: bytes, usage: Any, first_leg: bool,
+                     changed: bool) -> bytes | None:
+        """An event without choices (the usage chunk, or something else passed on)."""
+        if usage is not None and self.recomputed:
+            return None                 # the recomputed leg's usage: the next leg counts
+        if usage is not None:
+            if not first_leg:
+                obj["usage"] = self._fix_usage(usage)
+                self._stamp(obj)
+                if self.chat:
+                    obj["object"] = "chat.completion.chunk"
+                changed = True
+            self.usage_sent = True
         return self._out(obj, raw, changed)
 
     def _out(self, obj: dict[str, Any], raw: bytes, changed: bool) -> bytes:
@@ -520,7 +539,9 @@ def after_leg(rec: StreamRecovery | None, err: BaseException | None, *, legs: in
         why = None
     if why is not None:
         own = rec.engine_error if rec is not None else None
-        tail = own + SSE_DONE if own is not None and own.startswith(b"data:") else None
+        # the engine's error event (one line, kept without its blank line), then [DONE]
+        tail = own + b"\n\n" + SSE_DONE if own is not None and own.startswith(b"data:") \
+            else None
         return Verdict(REFUSE, reason, engine_ok, tail, why)
     if rec is None:
         return Verdict(CONTINUE, "restart", engine_ok, path=path, body=raw)

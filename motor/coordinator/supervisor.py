@@ -57,7 +57,7 @@ def _worker_main(cfg_json: str, backends: list[str] | None, controller_url: str 
 def static_keys(cfg: ClusterConfig, backends: list[str]) -> list[tuple[str, str | None, str]]:
     """Standalone mode: (endpoint key, KV-event address, URL) of each ``--backend``, as the
     workers name them (:meth:`motor.coordinator.endpoints.EndpointTable.set_static`)."""
-    from motor.coordinator.app import parse_backend
+    from motor.coordinator.backends import parse_backend
     out = []
     for i, b in enumerate(backends):
         _, host, port = parse_backend(b)
@@ -70,8 +70,9 @@ def run_workers(cfg: ClusterConfig, backends: list[str] | None, controller_url: 
                 n: int) -> int:
     """Run the feed and ``n`` workers until SIGTERM / SIGINT; returns the exit status."""
     from motor._fast.ring import Ring
-    from motor.coordinator.feed import feed_main, ring_names
+    from motor.coordinator.feed import feed_main
     from motor.coordinator.loadtable import LoadTable
+    from motor.coordinator.rings import ring_names
 
     metrics_dir = tempfile.mkdtemp(prefix="motor-coordinator-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
@@ -158,15 +159,3 @@ def run_workers(cfg: ClusterConfig, backends: list[str] | None, controller_url: 
         load.unlink()
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
-
-def render_metrics() -> bytes:
-    """Prometheus text of this process, or of all workers in multiprocess mode."""
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from motor.coordinator import metrics
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-        reg = CollectorRegistry()
-        multiprocess.MultiProcessCollector(reg)
-        return generate_latest(reg)
-    return generate_latest(metrics.REGISTRY)

@@ -17,29 +17,24 @@ request exactly as the engine does:
 Tokenizers come from a model directory (``tokenizer.json`` + ``tokenizer_config.json``
 with ``chat_template``; HF layout) given per model in ``coordinator.kv.tokenizers``.
 ``motor sim`` writes its byte-level tokenizer directory to
-``~/.cache/motor/sim-tokenizer`` by default (``motor sim --tokenizer-dir``); a real
+``~/.cache/motor/sim-tokenizer`` by default (``motor sim --model-dir``); a real
 vLLM engine serving a model made from that directory computes the same ids.
 ``builtin`` is the same byte-level tokenizer and ChatML template computed in Python
-without any file (token id = UTF-8 byte value; ``<|endoftext|>`` 256,
-``<|im_start|>`` 257, ``<|im_end|>`` 258).
+without any file (:mod:`motor.protocol.chat_tokenizer`: token id = UTF-8 byte value;
+``<|endoftext|>`` 256, ``<|im_start|>`` 257, ``<|im_end|>`` 258).
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
-import re
 from pathlib import Path
 from typing import Any
+
+from motor.protocol import chat_tokenizer
 
 logger = logging.getLogger(__name__)
 
 BUILTIN = "builtin"
-#: Where ``motor sim`` writes its tokenizer directory unless told otherwise.
-SIM_TOKENIZER_DIR = os.path.join("~", ".cache", "motor", "sim-tokenizer")
-
-_BUILTIN_SPECIAL = {"<|endoftext|>": 256, "<|im_start|>": 257, "<|im_end|>": 258}
-_BUILTIN_SPLIT = re.compile("(" + "|".join(re.escape(s) for s in _BUILTIN_SPECIAL) + ")")
 
 
 class TokenizeError(ValueError):
@@ -47,15 +42,10 @@ class TokenizeError(ValueError):
 
 
 def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content
-                         if isinstance(p, dict) and p.get("type") == "text")
-    raise TokenizeError(f"message content is expected to be a string or a list of parts, "
-                        f"got {type(content).__name__}")
+    try:
+        return chat_tokenizer.content_text(content)
+    except ValueError as e:
+        raise TokenizeError(str(e)) from None
 
 
 class RoutingTokenizer:
@@ -119,14 +109,7 @@ class RoutingTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text`` (special-token strings become their ids)."""
         if self._tok is None:
-            out: list[int] = []
-            for part in _BUILTIN_SPLIT.split(text):
-                sid = _BUILTIN_SPECIAL.get(part)
-                if sid is not None:
-                    out.append(sid)
-                elif part:
-                    out.extend(part.encode("utf-8"))
-            return out
+            return chat_tokenizer.encode(text)
         ids: list[int] = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
 
@@ -139,14 +122,11 @@ class RoutingTokenizer:
         add_gen = body.get("add_generation_prompt", True)
         cont = bool(body.get("continue_final_message", False))
         if self._template is None and self._tok is None:
-            parts = [f"<|im_start|>{m.get('role')}\n{_content_text(m.get('content'))}<|im_end|>\n"
-                     for m in messages]
-            text = "".join(parts)
-            if cont and messages:
-                text = text[: -len("<|im_end|>\n")]
-            elif add_gen:
-                text += "<|im_start|>assistant\n"
-            return text
+            try:
+                return chat_tokenizer.render_chat(messages, add_generation_prompt=bool(add_gen),
+                                                  continue_final_message=cont)
+            except ValueError as e:
+                raise TokenizeError(str(e)) from None
         if self._template is None:
             raise TokenizeError(f"tokenizer {self.source!r} has no chat_template")
         kwargs: dict[str, Any] = {}

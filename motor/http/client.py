@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
-from typing import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
 
 import httptools
 
@@ -46,7 +46,7 @@ class _Conn(asyncio.Protocol):
                  "headers_done", "complete", "error", "waiter", "paused", "got_bytes", "closed",
                  "keep_alive", "timer", "counted_out")
 
-    def __init__(self, pool: "Pool") -> None:
+    def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -232,7 +232,7 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         """The whole remaining body."""
-        parts = []
+        parts: list[bytes] = []
         while True:
             chunk = await self.next_chunk()
             if chunk is None:
@@ -259,7 +259,7 @@ class UpstreamResponse:
             c.close()
         self._finish()
 
-    async def __aenter__(self) -> "UpstreamResponse":
+    async def __aenter__(self) -> UpstreamResponse:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -304,7 +304,7 @@ class Pool:
             await asyncio.wait_for(
                 loop.create_connection(lambda: conn, self.host, self.port),
                 self.connect_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise UpstreamTimeout("connect", self.connect_timeout_s) from None
         return conn
 

@@ -18,8 +18,8 @@ import os
 import socket
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 from http import HTTPStatus
-from typing import Awaitable, Callable, Iterable
 from urllib.parse import parse_qs
 
 import httptools
@@ -122,7 +122,7 @@ class Response:
     __slots__ = ("_proto", "started", "finished", "status", "_chunked", "keep_alive", "http10",
                  "head")
 
-    def __init__(self, proto: "HttpProtocol", keep_alive: bool, http10: bool = False) -> None:
+    def __init__(self, proto: HttpProtocol, keep_alive: bool, http10: bool = False) -> None:
         self._proto = proto
         self.http10 = http10
         self.head = False
@@ -220,7 +220,7 @@ class HttpProtocol(asyncio.Protocol):
                  "deadline", "_reading",
                  "_current")
 
-    def __init__(self, server: "HttpServer") -> None:
+    def __init__(self, server: HttpServer) -> None:
         self._server = server
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -384,7 +384,7 @@ class HttpProtocol(asyncio.Protocol):
             self.deadline = self._server.loop_time() + self._server.keepalive_timeout_s
 
     def _reject(self, status: int, message: str) -> None:
-        """Answer an unparseable / oversized request and close the connection."""
+        """Answer an unparsable / oversized request and close the connection."""
         self._rejected = True
         if self._transport is None or self.closed:
             return
@@ -499,7 +499,7 @@ class HttpServer:
         for s in self._servers:
             try:
                 await asyncio.wait_for(s.wait_closed(), 1.0)
-            except (asyncio.TimeoutError, Exception):
+            except (TimeoutError, Exception):
                 pass
 
 

@@ -22,7 +22,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import time
 from urllib.parse import urlsplit
@@ -305,7 +304,7 @@ class NodeAgent:
             try:
                 await asyncio.wait_for(self._dirty.wait(), self.heartbeat_interval_s)
                 await asyncio.sleep(0.01)  # coalesce a burst of changes
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     # ------------------------------------------------------------ management

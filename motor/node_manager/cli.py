@@ -5,8 +5,9 @@ import argparse
 import logging
 import sys
 
-logger = logging.getLogger("motor.node_manager")
 from motor.cli import port_number
+
+logger = logging.getLogger("motor.node_manager")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -24,7 +24,7 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import orjson
 
@@ -74,7 +74,7 @@ class HealthProbe:
         try:
             status, _ = await self.client.get_json_bytes(self.host, self.port, self.path,
                                                          self.timeout_s)
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             self.last_error = f"no answer within {self.timeout_s:g} s"
             return False
         except Exception as e:  # connection refused / reset / malformed answer
@@ -180,7 +180,7 @@ class VirtualInference:
                 async with resp:
                     return resp.status, await resp.read()
             status, raw = await asyncio.wait_for(go(), self.cfg.timeout_s)
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             return f"no answer within {self.cfg.timeout_s:g} s"
         except Exception as e:
             return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

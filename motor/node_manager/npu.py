@@ -29,8 +29,8 @@ import logging
 import re
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
 
 from motor.aio import cancel_and_wait
 from motor.config.schema import NpuConfig
@@ -261,7 +261,7 @@ class NpuMonitor:
         return out.decode("utf-8", "replace")
 
     def _failed(self, what: str, e: BaseException) -> None:
-        msg = "no answer within %g s" % self.cfg.timeout_s if isinstance(
+        msg = f"no answer within {self.cfg.timeout_s:g} s" if isinstance(
             e, (asyncio.TimeoutError, TimeoutError)) else str(e) or type(e).__name__
         if self.last_error is None:
             logger.warning("npu-smi %s failed: %s (logged again only after a success)", what, msg)

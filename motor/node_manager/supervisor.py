@@ -43,13 +43,13 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from motor.aio import cancel_and_wait
 from motor.config.schema import EngineConfig, RestartPolicy
 from motor.http import Client
 from motor.node_manager.engines import ProcessSpec, full_env
-from motor.node_manager.health import HealthProbe, VirtualInference
+from motor.node_manager.health import AicoreFn, HealthProbe, VirtualInference
 from motor.node_manager.npu import NpuMonitor, visible_devices
 from motor.procs import die_with_parent
 
@@ -177,7 +177,7 @@ async def terminate_group(proc: asyncio.subprocess.Process, timeout_s: float, na
     if proc.returncode is None:
         try:
             await asyncio.wait_for(proc.wait(), max(0.0, deadline - loop.time()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     while group_alive(pgid) and loop.time() < deadline:
         await asyncio.sleep(poll_s)
@@ -215,7 +215,8 @@ def rotate_log(path: str, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BAC
 
 def backoff_delay(n: int, initial_s: float, max_s: float) -> float:
     """Delay before the ``n``-th consecutive restart (n >= 1)."""
-    return min(initial_s * (2 ** max(0, n - 1)), max_s)
+    factor: int = 2 ** max(0, n - 1)   # int ** int is Any to mypy (a negative power is a float)
+    return min(initial_s * factor, max_s)
 
 
 class EngineProcess:
@@ -352,12 +353,13 @@ class EngineProcess:
         if not self.virtual_inference_on:
             return None
         npu = self.npu
-        aicore = None
+        aicore: AicoreFn | None = None
         if npu is not None and npu.enabled:
             devices = visible_devices(self.spec.env)
 
-            async def aicore() -> float | None:  # type: ignore[misc]
+            async def npu_aicore() -> float | None:
                 return await npu.aicore_pct(devices)
+            aicore = npu_aicore
         ep = self.spec.endpoint
         return VirtualInference(self.client, ep.host, ep.port, self.engine.model_name,
                                 self.engine.virtual_inference, self.engine.role, aicore,
@@ -420,7 +422,7 @@ class EngineProcess:
                 try:
                     await asyncio.wait_for(asyncio.shield(stop_wait), delay)
                     break  # stop requested during backoff
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 self._restart_times.append(self.clock())
                 self.restarts += 1
@@ -450,7 +452,7 @@ class EngineProcess:
             try:
                 await asyncio.wait_for(asyncio.shield(stop_wait), delay)
                 return False
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         if checks:
             logger.info("engine %s (instance %s): port %d on %s is free now: starting it",

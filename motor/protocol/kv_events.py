@@ -41,9 +41,15 @@ from motor.errors import WireError
 #: Sequence number of the replay end marker (vLLM ``END_SEQ = (-1).to_bytes(8, "big", signed=True)``).
 END_SEQ = b"\xff" * 8
 
-#: Tiers, the same values as ``motor._fast.radix.TIER_*``.
+#: Storage tiers of a cached block, fastest first: the one Python definition (motor's
+#: Python code imports them from here). The compiled prefix index has them as a C enum
+#: (``motor/_fast/radix.pxd``, exported as ``motor._fast.radix.TIER_*``) with the same
+#: values; ``tests/unit/protocol/test_tiers.py`` checks that they agree.
 TIER_DEVICE, TIER_HOST, TIER_DISK = 0, 1, 2
+#: Tier index -> name.
 TIER_NAMES = ("device", "host", "disk")
+#: Number of tiers (the second dimension of ``PrefixIndex.match`` output).
+N_TIERS = len(TIER_NAMES)
 
 _MEDIUM_TIER = {
     "GPU": TIER_DEVICE, "NPU": TIER_DEVICE,

@@ -17,6 +17,7 @@ import sys
 from motor.cli import non_negative_float, port_number, positive_int
 from motor.sim.engine import EngineConfig
 from motor.sim.faults import MODES, Faults
+from motor.sim.options import PdOptions, SimOptions
 from motor.sim.tokenizer import DEFAULT_MODEL_DIR
 
 logger = logging.getLogger("motor.sim")
@@ -156,10 +157,7 @@ def _apply_kv_events_config(args: argparse.Namespace) -> None:
         args.kv_events_buffer_steps = int(cfg["buffer_steps"])
 
 
-def options_from_args(args: argparse.Namespace) -> "SimOptions":  # noqa: F821
-    from motor.sim.pd import PdOptions
-    from motor.sim.server import SimOptions
-
+def options_from_args(args: argparse.Namespace) -> SimOptions:
     _apply_kv_events_config(args)
 
     ec = EngineConfig(
@@ -191,7 +189,7 @@ def options_from_args(args: argparse.Namespace) -> "SimOptions":  # noqa: F821
     return opts
 
 
-async def _serve(opts: "SimOptions") -> int:  # noqa: F821
+async def _serve(opts: SimOptions) -> int:
     from motor.sim.server import ListenError, SimServer
 
     server = SimServer(opts)

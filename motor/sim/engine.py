@@ -36,9 +36,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence as Seq
 
+from motor.protocol.chat_tokenizer import IM_END_ID
 from motor.sim.kv import ROOT_PARENT, BlockPool, hash_block
 from motor.sim.metrics import SimMetrics
-from motor.sim.tokenizer import IM_END_ID
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import orjson
@@ -46,9 +46,7 @@ import orjson
 from motor.http import HttpServer, Request, Response, Router
 from motor.http.client import Client
 from motor.protocol.openai import error_body
-
-if TYPE_CHECKING:
-    from motor.sim.server import SimServer
+from motor.sim.options import PdOptions, SimOptions
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +60,23 @@ class PdError(Exception):
         self.message = message
 
 
-@dataclass
-class PdOptions:
-    kv_transfer_ms_per_block: float = 0.2
-    kv_lease_s: float = 30.0
-    bootstrap_port: int = 0          # prefill role: the bootstrap server's port (0 = any)
-    bootstrap_timeout_s: float = 30.0
+class PdHost(Protocol):
+    """What :class:`PdSim` reads of the simulator it belongs to (a
+    :class:`motor.sim.server.SimServer`).
+
+    Attributes
+    ----------
+    opts : SimOptions
+        The simulator's options (``role``, ``host``, ``engine.block_size``,
+        ``engine.time_scale``).
+    port : int
+        The bound HTTP port (the side channel's address given to the other instance).
+    model_name : str
+        The first served model name (``/server_info``).
+    """
+    opts: SimOptions
+    port: int
+    model_name: str
 
 
 @dataclass
@@ -94,7 +103,7 @@ def _blocks(prompts: list[list[int]], block_size: int) -> int:
 class PdSim:
     """The PD state of one simulator (held blocks, rooms, awaited pushes)."""
 
-    def __init__(self, server: "SimServer", opts: PdOptions) -> None:
+    def __init__(self, server: PdHost, opts: PdOptions) -> None:
         self.server = server
         self.opts = opts
         self.role = server.opts.role

@@ -19,7 +19,6 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -27,12 +26,13 @@ import orjson
 from motor.http.server import ListenError, bind_error_reason  # noqa: F401
 from motor.http import HttpServer, Request, Response, Router
 from motor.protocol.openai import SSE_DONE, error_body, sse_error_event
-from motor.sim.engine import FINISHED, Engine, EngineConfig, EngineRequest, SamplingSpec, \
+from motor.sim.engine import FINISHED, Engine, EngineRequest, SamplingSpec, \
     Sequence, context_state, seed_material
 from motor.sim.faults import Faults
 from motor.sim.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from motor.sim.metrics import SimMetrics
-from motor.sim.pd import PdError, PdOptions, PdSim, Plan
+from motor.sim.options import SimOptions
+from motor.sim.pd import PdError, PdSim, Plan
 from motor.sim.tokenizer import SimTokenizer
 from motor.sim.tokenizer import load as load_tokenizer
 
@@ -40,31 +40,6 @@ logger = logging.getLogger(__name__)
 
 VLLM_VERSION = "0.32.0"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default
-
-
-@dataclass
-class SimOptions:
-    """Everything a simulator needs; built from the CLI flags by :mod:`motor.sim.cli`."""
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model: str = "motor-sim"
-    served_model_names: list[str] = field(default_factory=list)
-    model_dir: str | None = None
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    enable_prompt_tokens_details: bool = False
-    enable_force_include_usage: bool = False
-    role: str = "union"
-    dp_rank: int = 0
-    fault: dict[str, Any] = field(default_factory=lambda: {"mode": "none"})
-    kv_events_endpoint: str | None = None
-    kv_events_replay_endpoint: str | None = None
-    kv_events_topic: str = ""
-    kv_events_buffer_steps: int = 10000
-    pd: PdOptions = field(default_factory=PdOptions)
-
-    @property
-    def names(self) -> list[str]:
-        return self.served_model_names or [self.model]
 
 
 class ApiError(Exception):

@@ -1,19 +1,13 @@
-"""The simulator's byte-level tokenizer and ChatML-style chat template.
+"""The simulator's tokenizer model directory (byte-level tokenizer, ChatML chat template).
 
-Token ids: every UTF-8 byte is one token whose id is the byte value (0..255), plus
-three special tokens ``<|endoftext|>`` = 256, ``<|im_start|>`` = 257 and
-``<|im_end|>`` = 258 (vocabulary of 259). The tokenizer is a ``tokenizers``
-byte-level BPE with no merges, saved as an ordinary model directory
-(``tokenizer.json`` + ``tokenizer_config.json`` with the chat template +
-``special_tokens_map.json`` + a minimal ``config.json``), so that the very same
-files load in ``tokenizers.Tokenizer.from_file``, in HF ``AutoTokenizer`` and in a
-real vLLM engine, and all of them count tokens the same way.
-
-Chat template (ChatML-like): each message renders as
-``<|im_start|>{role}\\n{content}<|im_end|>\\n``; with ``add_generation_prompt`` the
-prompt ends with ``<|im_start|>assistant\\n``. A content given as a list of parts
-is the ``\\n``-join of its text parts (what vLLM does for "string" templates).
-``[{"role": "user", "content": "hi"}]`` is therefore 21 tokens.
+The tokenizer itself (ids, special tokens, chat template) is the builtin one of
+:mod:`motor.protocol.chat_tokenizer`, so that the coordinator's ``builtin`` routing
+tokenizer counts tokens exactly as the simulator does. Here it is a ``tokenizers``
+byte-level BPE with no merges, saved as an ordinary model directory (``tokenizer.json`` +
+``tokenizer_config.json`` with the chat template + ``special_tokens_map.json`` + a minimal
+``config.json``), so that the very same files load in ``tokenizers.Tokenizer.from_file``,
+in HF ``AutoTokenizer`` and in a real vLLM engine, and all of them count tokens the same
+way. ``[{"role": "user", "content": "hi"}]`` is 21 tokens.
 """
 from __future__ import annotations
 
@@ -23,35 +17,16 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-ENDOFTEXT = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
-ENDOFTEXT_ID, IM_START_ID, IM_END_ID = 256, 257, 258
-VOCAB_SIZE = 259
-#: ids that end generation (the model's eos list: <|im_end|> first, like the real engine's config)
-EOS_TOKEN_IDS = (IM_END_ID, ENDOFTEXT_ID)
-
-# Jinja2 source. String content is used as is; a list of content parts contributes its text
-# parts joined by "\n"; a missing / null content is empty.
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- set content = message['content'] -%}"
-    "{%- if content is none -%}{%- set content = '' -%}"
-    "{%- elif content is not string -%}"
-    "{%- set content = content | selectattr('type', 'equalto', 'text')"
-    " | map(attribute='text') | join('\\n') -%}"
-    "{%- endif -%}"
-    "{{- '<|im_start|>' ~ message['role'] ~ '\\n' ~ content ~ '<|im_end|>' ~ '\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
+from motor.protocol.chat_tokenizer import (CHAT_TEMPLATE, ENDOFTEXT, ENDOFTEXT_ID, EOS_TOKEN_IDS,
+                                           IM_END, SIM_TOKENIZER_DIR, SPECIAL_TOKENS,
+                                           VOCAB_SIZE)
 
 #: model_max_length / max_position_embeddings written to the directory: a constant, so that
 #: simulators with different --max-model-len can share one directory
 MODEL_MAX_LENGTH = 131072
 
-DEFAULT_MODEL_DIR = os.path.join(os.path.expanduser("~"), ".cache", "motor", "sim-tokenizer")
+#: Where the model directory is written and read unless told otherwise (``--model-dir``).
+DEFAULT_MODEL_DIR = os.path.expanduser(SIM_TOKENIZER_DIR)
 
 
 def _byte_to_char() -> dict[int, str]:

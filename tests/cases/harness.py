@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import orjson
 
@@ -113,7 +114,7 @@ class FB:
         self.abort_bodies: list[bytes] = []
         self._server: HttpServer | None = None
 
-    async def start(self, port: int = 0) -> "FB":
+    async def start(self, port: int = 0) -> FB:
         self._server = HttpServer(self._handle)
         self.port = await self._server.listen("127.0.0.1", port or self.port)
         return self

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 
-import orjson
 import pytest
 
 from tests.cases.harness import FB, cluster, content, run_async, sse, stream, chat_chunk, cmpl_chunk

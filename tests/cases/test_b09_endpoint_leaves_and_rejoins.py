@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-import orjson
-
 from motor.config.schema import EngineKind, Role
 from motor.protocol.instances import Endpoint, Instance, InstanceState, InstanceTable
-from tests.cases.harness import FB, content, default_behave, events, http, run_async, stream, wait_for
+from tests.cases.harness import FB, content, http, run_async, stream, wait_for
 from tests.support.gateway import Gateway
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.cases.harness import FB, cluster, http, run_async, wait_for
+from tests.cases.harness import cluster, http, run_async, wait_for
 
 REQ = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
 CFG = dict(probe=True, health_check_interval_s=0.05, health_check_timeout_s=0.1, health_failures=3)

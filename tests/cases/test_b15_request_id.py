@@ -5,7 +5,7 @@ import asyncio
 
 import orjson
 
-from tests.cases.harness import FB, cluster, http, run_async
+from tests.cases.harness import cluster, http, run_async
 
 REQ = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
 

@@ -2,8 +2,6 @@
 recover); requests route by model; an unknown model is 404."""
 from __future__ import annotations
 
-import time
-
 import orjson
 
 from tests.cases.harness import FB, cluster, http, run_async, wait_for

@@ -100,9 +100,10 @@ def exchange(data: bytes, wait_s: float = 0.25) -> bytes:
         while True:
             try:
                 b = s.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 if half_closed:
-                    raise AssertionError(f"no close after a half-close; sent {data[:200]!r}, got {out[:200]!r}")
+                    raise AssertionError(f"no close after a half-close; sent {data[:200]!r}, "
+                                         f"got {out[:200]!r}") from None
                 half_closed = True
                 try:
                     s.shutdown(socket.SHUT_WR)

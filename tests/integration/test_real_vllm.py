@@ -87,7 +87,8 @@ def _safetensors(path: Path, tensors: dict[str, tuple[list[int], list[float]]]) 
 
 def write_tiny_llama(d: Path, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 2,
                      kv_heads: int = 1, head_dim: int = 32, inter: int = 128) -> Path:
-    from motor.sim.tokenizer import ENDOFTEXT_ID, IM_END_ID, VOCAB_SIZE, write_model_dir
+    from motor.protocol.chat_tokenizer import ENDOFTEXT_ID, IM_END_ID, VOCAB_SIZE
+    from motor.sim.tokenizer import write_model_dir
     write_model_dir(d)  # tokenizer.json, tokenizer_config.json, special_tokens_map.json
     eos = [IM_END_ID, ENDOFTEXT_ID]
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -109,7 +110,7 @@ def write_tiny_llama(d: Path, seed: int = 0, hidden: int = 64, layers: int = 2, 
     def ones(n: int) -> tuple[list[int], list[float]]:
         return [n], [1.0] * n
 
-    V, H, I = VOCAB_SIZE, hidden, inter
+    V, H, I = VOCAB_SIZE, hidden, inter  # noqa: E741 - the usual vocab / hidden / intermediate dims
     q, kv = heads * head_dim, kv_heads * head_dim
     embed = mat(V, H, 0.5)
     lm_head = mat(V, H, 0.3)

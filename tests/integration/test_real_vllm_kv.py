@@ -232,7 +232,7 @@ def test_real_vllm_kv_affinity_follows_real_kv_events(tmp_path: Path) -> None:
                              kind="stored") - stored0
             assert stored >= 1
             cached, grown = [], []
-            for b, x in zip(bodies[1:], ids[1:]):
+            for b, _x in zip(bodies[1:], ids[1:]):
                 served, usage, hits = step(path, b)
                 assert served == holder, (route, served, holder)
                 c = usage["prompt_tokens_details"]["cached_tokens"]
@@ -248,7 +248,7 @@ def test_real_vllm_kv_affinity_follows_real_kv_events(tmp_path: Path) -> None:
                           f"engine {holder}, cached_tokens {cached}, {HITS} +{grown}")
         # interleaved: each prefix still goes to its own holder (one per engine)
         assert sorted(holders) == ["a", "b"]
-        for (route, path, bodies), holder in zip(groups, holders):
+        for (_route, path, bodies), holder in zip(groups, holders):
             served, usage, hits = step(path, {**bodies[1], "max_tokens": 2})
             assert served == holder and usage["prompt_tokens_details"]["cached_tokens"] > 0
         report.append(f"interleaved: completions -> {holders[0]}, chat -> {holders[1]}")

@@ -74,7 +74,7 @@ class FakeBackend:
     def requests(self, path: str | None = None) -> list[Logged]:
         return [r for r in self.log if path is None or r.path == path]
 
-    async def start(self) -> "FakeBackend":
+    async def start(self) -> FakeBackend:
         self._server = HttpServer(self._handle)
         self.port = await self._server.listen("127.0.0.1", 0)
         return self

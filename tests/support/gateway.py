@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from motor.config.schema import CoordinatorConfig, Role
 from motor.coordinator.endpoints import EndpointTable, StaticBackends
@@ -38,7 +39,7 @@ class Gateway:
         self._task: asyncio.Task[None] | None = None
         self.port = 0
 
-    async def start(self) -> "Gateway":
+    async def start(self) -> Gateway:
         self.port = await self.server.listen("127.0.0.1", 0)
         if self.probe is not None:
             self._task = asyncio.ensure_future(self.probe.run())

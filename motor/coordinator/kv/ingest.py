@@ -29,7 +29,7 @@ import numpy as np
 from motor._fast.hashing import block_hashes
 from motor._fast.radix import PrefixIndex
 from motor.protocol.kv_events import (
-    TIER_DEVICE, TIER_DISK, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, tier_of_medium)
+    TIER_DISK, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, tier_of_medium)
 
 logger = logging.getLogger(__name__)
 
@@ -227,4 +227,4 @@ class KvIngest:
         return MAP_ENTRY_BYTES * self.map_entries()
 
 
-__all__ = ["KvIngest", "SeqCheck", "SlotState", "MAP_ENTRY_BYTES", "TIER_DEVICE"]
+__all__ = ["KvIngest", "SeqCheck", "SlotState", "MAP_ENTRY_BYTES"]

@@ -18,17 +18,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import numpy.typing as npt
 
 from motor._fast.hashing import block_hashes
-from motor._fast.radix import N_TIERS, TIER_DEVICE, PrefixIndex
+from motor._fast.radix import PrefixIndex
 from motor.config.schema import ApproximateMode, KvApproximateConfig, KvRoutingConfig
 from motor.coordinator import metrics
 from motor.coordinator.kv.ingest import KvIngest
 from motor.coordinator.tokenize import TokenizeError, Tokenizers
+from motor.protocol.kv_events import N_TIERS, TIER_DEVICE
 
 if TYPE_CHECKING:
     from motor.coordinator.endpoints import EndpointState
@@ -72,12 +74,20 @@ class KvRouter:
         ``coordinator.kv``.
     clock : callable, optional
         Monotonic seconds (tests pass a fake one).
+    on_routed : callable, optional
+        ``on_routed(ep, group, hashes)``: called after each approximate-mode insertion of
+        :meth:`routed` (``hashes``: the non-empty uint64 block hashes inserted for ``ep``).
+        A multi-worker coordinator's :class:`~motor.coordinator.rings.WorkerLink` sets it
+        (attribute of the same name) to pass the insertion on to the other workers.
     """
 
-    def __init__(self, cfg: KvRoutingConfig | None = None, clock: Any = time.monotonic) -> None:
+    def __init__(self, cfg: KvRoutingConfig | None = None, clock: Any = time.monotonic,
+                 on_routed: Callable[[EndpointState, str | None, npt.NDArray[np.uint64]],
+                                     None] | None = None) -> None:
         self.cfg = cfg or KvRoutingConfig()
         self.block_size = self.cfg.block_size
         self.clock = clock
+        self.on_routed = on_routed
         self.tokenizers = Tokenizers(self.cfg.tokenizers)
         self.exact = PrefixIndex(MAX_INSTANCES)
         self.ingest = KvIngest(self.exact, self.block_size, on_drop=self._on_drop,
@@ -201,11 +211,14 @@ class KvRouter:
 
     def routed(self, ep: "EndpointState", group: str | None,
                hashes: npt.NDArray[np.uint64] | None) -> None:
-        """Approximate mode: ``ep`` got a request whose key has ``hashes``."""
+        """Approximate mode: ``ep`` got a request whose key has ``hashes``; then
+        :attr:`on_routed`, if set, hears of the insertion."""
         if hashes is None or not len(hashes) or not self.uses_approximate(ep, group):
             return
         self._approx(group).insert(self.slot(ep.key), hashes, self.clock())
         self.update_gauges()
+        if self.on_routed is not None:
+            self.on_routed(ep, group, hashes)
 
     # -- size ---------------------------------------------------------------------
     def index_blocks(self, kind: str) -> int:

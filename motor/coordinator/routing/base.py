@@ -290,6 +290,31 @@ def engine_error_body(status: int, data: bytes) -> bytes:
                               f"{data[:512].decode('utf-8', 'replace')}")
 
 
+class Silence:
+    """Upstream silence counted across idle steps: an upstream opened with an idle step
+    shorter than the idle timeout (a stream's keep-alive step) raises
+    :class:`UpstreamTimeout` at each step; :meth:`waited` adds the step and raises
+    ``UpstreamTimeout("idle", idle_timeout_s)`` once the total reaches the idle timeout.
+    Any other timeout (connect, first byte, a step as long as the idle timeout) is
+    re-raised as it is. :meth:`reset` when a chunk arrives."""
+
+    __slots__ = ("idle_timeout_s", "total")
+
+    def __init__(self, idle_timeout_s: float) -> None:
+        self.idle_timeout_s = idle_timeout_s
+        self.total = 0.0
+
+    def waited(self, e: UpstreamTimeout) -> None:
+        if e.phase != "idle" or e.timeout_s >= self.idle_timeout_s:
+            raise e
+        self.total += e.timeout_s
+        if self.total >= self.idle_timeout_s:
+            raise UpstreamTimeout("idle", self.idle_timeout_s) from None
+
+    def reset(self) -> None:
+        self.total = 0.0
+
+
 async def read_whole(up: UpstreamResponse, idle_timeout_s: float) -> bytes:
     """The rest of ``up``'s body.
 
@@ -300,20 +325,16 @@ async def read_whole(up: UpstreamResponse, idle_timeout_s: float) -> bytes:
     :class:`UpstreamClosed` / ``OSError`` propagate as raised. Does not close ``up``.
     """
     parts: list[bytes] = []
-    silence = 0.0
+    silence = Silence(idle_timeout_s)
     while True:
         try:
             chunk = await up.next_chunk()
         except UpstreamTimeout as e:
-            if e.phase != "idle" or e.timeout_s >= idle_timeout_s:
-                raise
-            silence += e.timeout_s
-            if silence >= idle_timeout_s:
-                raise UpstreamTimeout("idle", idle_timeout_s) from None
+            silence.waited(e)
             continue
         if chunk is None:
             return b"".join(parts)
-        silence = 0.0
+        silence.reset()
         parts.append(chunk)
 
 
@@ -357,22 +378,18 @@ async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, r
     """
     tail = b""
     wrote = False
-    silence = 0.0
+    silence = Silence(idle_timeout_s)
     try:
         while True:
             try:
                 chunk = await up.next_chunk()
             except UpstreamTimeout as e:
-                if e.phase != "idle" or e.timeout_s >= idle_timeout_s:
-                    raise
-                silence += e.timeout_s
-                if silence >= idle_timeout_s:
-                    raise UpstreamTimeout("idle", idle_timeout_s) from None
+                silence.waited(e)
                 resp.write(KEEPALIVE)
                 continue
             if chunk is None:
                 break
-            silence = 0.0
+            silence.reset()
             if tail:
                 chunk = tail + chunk
                 tail = b""
@@ -409,6 +426,6 @@ async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, r
 
 
 __all__ = ["FORWARD_HEADERS", "JSON", "KEEPALIVE", "Parsed", "RequestPath", "Route", "Settings",
-           "SseFeed", "engine_error_body", "estimate_prompt_tokens", "failure_text",
+           "Silence", "SseFeed", "engine_error_body", "estimate_prompt_tokens", "failure_text",
            "is_openai_error", "json_type", "note_status", "parse_request", "past_prefill",
            "read_whole", "relay_sse", "settle_leg", "transport_failed"]

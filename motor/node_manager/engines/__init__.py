@@ -22,8 +22,9 @@ added at the end only when the user did not set that key in either spelling, nev
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import orjson
 

@@ -13,7 +13,7 @@ from motor.bench import BenchConfig, BenchError, format_table, run_bench
 from motor.bench import cli as bench_cli
 
 
-def bench(url: str, **kw) -> "BenchResult":  # noqa: F821
+def bench(url: str, **kw) -> BenchResult:  # noqa: F821
     kw.setdefault("input_len", 32)
     kw.setdefault("output_len", 5)
     kw.setdefault("timeout", 20.0)

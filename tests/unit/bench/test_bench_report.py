@@ -30,7 +30,7 @@ def test_metrics_table_rows_and_columns():
               "OutputTokenThroughput (tok/s)"]
     assert [r[:len(lab)] for r, lab in zip(rows, labels)] == labels
     assert len(rows) == len(METRICS)
-    assert len({len(l) for l in [lines[0], *rows]}) == 1        # right-aligned columns
+    assert len({len(line) for line in [lines[0], *rows]}) == 1        # right-aligned columns
     e2el = rows[0][len("E2EL (ms)"):].split()
     assert e2el == ["250.00", "100.00", "400.00", "250.00", "325.00", "370.00", "397.00", "4"]
     assert rows[3].split()[-1] == "12"                           # ITL: 4 requests x 3 gaps

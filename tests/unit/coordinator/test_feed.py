@@ -13,10 +13,12 @@ from motor._fast.hashing import block_hashes
 from motor._fast.ring import Ring
 from motor.config.schema import ClusterConfig, Role
 from motor.coordinator.endpoints import EndpointTable
-from motor.coordinator.feed import Feed, WorkerLink, parse_engine_metrics, ring_names
+from motor.coordinator.feed import Feed
 from motor.coordinator.kv.router import KvRouter
 from motor.coordinator.loadtable import LoadTable
+from motor.coordinator.rings import WorkerLink, ring_names
 from motor.http.client import Client
+from motor.protocol.engine_metrics import parse_engine_metrics
 from motor.protocol.kv_events import BlockRemoved, BlockStored, EventBatch
 
 BS = 16

@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 
 import orjson
-import pytest
 
 from motor.config.schema import Role
 from tests.support.fake_backend import FakeBackend, Script

@@ -210,12 +210,12 @@ def test_default_max_tokens_of_completions_is_vllms():
 
 
 # -- end to end: the coordinator in front of in-process simulators ------------------------
-import asyncio  # noqa: E402
 
 from motor.config.schema import Role  # noqa: E402
 from motor.coordinator import metrics  # noqa: E402
 from motor.sim.engine import EngineConfig  # noqa: E402
-from motor.sim.server import SimOptions, SimServer  # noqa: E402
+from motor.sim.options import SimOptions  # noqa: E402
+from motor.sim.server import SimServer  # noqa: E402
 from tests.support.gateway import Gateway, http, run_async  # noqa: E402
 
 

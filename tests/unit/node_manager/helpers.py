@@ -7,7 +7,8 @@ import random
 import socket
 import sys
 import time
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import uvloop
 

@@ -6,12 +6,14 @@ import http.client
 import json
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import uvloop
 
 from motor.sim.engine import EngineConfig
-from motor.sim.server import SimOptions, SimServer
+from motor.sim.options import SimOptions
+from motor.sim.server import SimServer
 
 
 class SimThread:
@@ -50,7 +52,7 @@ class SimThread:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
-    def __enter__(self) -> "SimThread":
+    def __enter__(self) -> SimThread:
         self._thread.start()
         if not self._ready.wait(20):
             raise RuntimeError("sim did not start")

@@ -82,7 +82,9 @@ def test_boolean_flags_take_values(model_dir, procs):
 def test_admin_crash_exits_1(model_dir, procs):
     proc, port = _start(model_dir)
     procs.append(proc)
-    with pytest.raises(Exception):
+    # the crash reaches http.client as a reset, a remote disconnect or a bad status line, as
+    # timing has it
+    with pytest.raises(Exception):  # noqa: B017
         post_json(port, "/admin/fault", {"mode": "crash"}, timeout=5)
     assert proc.wait(10) == 1
 
@@ -92,7 +94,7 @@ def test_crash_flag_with_count_crashes_on_that_request(model_dir, procs):
     procs.append(proc)
     status, _ = post_json(port, "/v1/completions", {"prompt": "x", "max_tokens": 1})
     assert status == 200
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - as above, whichever error the crash gives
         post_json(port, "/v1/completions", {"prompt": "x", "max_tokens": 1}, timeout=5)
     assert proc.wait(10) == 1
 
@@ -103,7 +105,7 @@ def test_crash_flag_without_count_fails_start_up(model_dir):
     assert r.returncode == 1 and b"crash" in r.stderr
 
 
-def _listener() -> tuple["socket.socket", int]:
+def _listener() -> tuple[socket.socket, int]:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", 0))

@@ -6,8 +6,8 @@ import os
 import pytest
 from tokenizers import Tokenizer
 
-from motor.sim.tokenizer import (ENDOFTEXT_ID, IM_END_ID, IM_START_ID, VOCAB_SIZE, load,
-                                 write_model_dir)
+from motor.protocol.chat_tokenizer import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, VOCAB_SIZE
+from motor.sim.tokenizer import load, write_model_dir
 
 
 def test_model_dir_files_and_tokenizers_load(tmp_path):

@@ -1,0 +1,97 @@
+"""The coordinator's long poll of the controller's live instance table, one loop for
+every follower: a one-worker coordinator's
+:class:`~motor.coordinator.endpoints.ControllerWatcher` and the feed process of a
+multi-worker one (:class:`motor.coordinator.feed.Feed`).
+
+Wire format: ``GET /v1/instances?after=<version>&timeout=<s>`` of the controller's HTTP
+API, answered with an :class:`~motor.protocol.instances.InstanceTable` (JSON); see
+:mod:`motor.protocol.instances` for the long-poll semantics (a version lower than
+``after`` means the controller restarted: its table is taken as is).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import orjson
+
+from motor.protocol.instances import InstanceTable
+
+if TYPE_CHECKING:
+    from motor.http.client import Client
+
+logger = logging.getLogger(__name__)
+
+#: seconds between two tries while the controller does not answer
+RETRY_S = 0.5
+
+
+def controller_address(url: str) -> tuple[str, int]:
+    """``http://HOST[:PORT]`` -> (host, port), port 80 by default.
+
+    Raises
+    ------
+    ValueError
+        for another scheme, no host or a port that is not a number.
+    """
+    u = urlsplit(url)
+    if u.scheme != "http" or not u.hostname:
+        raise ValueError(f"controller URL is expected as http://HOST:PORT, got {url!r}")
+    return u.hostname, u.port or 80
+
+
+async def follow_controller(client: Client, host: str, port: int,
+                            on_table: Callable[[InstanceTable], None],
+                            synced: asyncio.Event | None = None,
+                            poll_timeout_s: float = 10.0, who: str = "") -> None:
+    """Long-poll ``host:port`` for ever (until cancelled).
+
+    ``on_table(table)`` gets the first table answered and then each one whose version
+    differs from the last one passed (any difference: a lower version is a restarted
+    controller). ``synced`` is set after the first answer (``on_table`` has run).
+    Each poll holds at most ``poll_timeout_s`` at the controller (``timeout=``), and the
+    request gives up 5 s later. A failure (no connection, a status other than 200, a
+    body that is not an instance table) is logged once per outage, with the time it
+    lasted once the controller answers again, and retried every ``RETRY_S`` seconds;
+    the last table stays in force meanwhile. ``who``: prefix of those log lines.
+
+    Raises
+    ------
+    Exception
+        whatever ``on_table`` raises (the loop ends).
+    """
+    version: int | None = None    # of the last table passed to on_table
+    down_since: float | None = None
+    while True:
+        path = f"/v1/instances?after={version or 0}&timeout={poll_timeout_s:g}"
+        try:
+            status, body = await client.get_json_bytes(host, port, path, poll_timeout_s + 5.0)
+            if status != 200:
+                raise ConnectionError(f"controller answered {status}")
+            table = InstanceTable.model_validate(orjson.loads(body))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure: log once per outage, retry
+            if down_since is None:
+                down_since = time.monotonic()
+                logger.warning("%scontroller %s:%d unreachable (%s); keeping the last instance "
+                               "table (version %d) and retrying", who, host, port, e,
+                               version or 0)
+            await asyncio.sleep(RETRY_S)
+            continue
+        if down_since is not None:
+            logger.info("%scontroller reachable again after %.1f s", who,
+                        time.monotonic() - down_since)
+            down_since = None
+        if version is None or table.version != version:
+            version = table.version
+            on_table(table)
+        if synced is not None:
+            synced.set()
+
+
+__all__ = ["RETRY_S", "controller_address", "follow_controller"]
