@@ -101,6 +101,13 @@ class Breaker:
             self.open_until = time.monotonic() + self._next_open_s
             self._set(OPEN)
 
+    def configure(self, failure_threshold: int, open_s: float, open_max_s: float) -> None:
+        """New settings (the next open period starts again at ``open_s``)."""
+        self.threshold = failure_threshold
+        self.open_s = open_s
+        self.open_max_s = open_max_s
+        self._next_open_s = open_s
+
     def probe_done(self) -> None:
         """The probe request ended without a verdict (e.g. the client left): let another probe."""
         self.probe_inflight = False

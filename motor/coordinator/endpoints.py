@@ -216,9 +216,7 @@ class EndpointTable:
         """Breaker settings for every endpoint, present and future."""
         self.breaker_cfg = cfg
         for ep in self.endpoints.values():
-            b = ep.breaker
-            b.threshold, b.open_s, b.open_max_s = cfg.failure_threshold, cfg.open_s, cfg.open_max_s
-            b._next_open_s = cfg.open_s
+            ep.breaker.configure(cfg.failure_threshold, cfg.open_s, cfg.open_max_s)
 
     def _rebuild(self) -> None:
         by_role: dict[Role, list[EndpointState]] = {r: [] for r in Role}

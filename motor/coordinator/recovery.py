@@ -235,7 +235,8 @@ class StreamRecovery:
             self.resp_id = obj.get("id")
             self.created = obj.get("created")
             self.model = obj.get("model")
-        changed = self._chat_prompt_ids(obj)
+        # vLLM's first chat chunk carries the prompt ids (one membership test per event)
+        changed = "prompt_token_ids" in obj and self._chat_prompt_ids(obj)
         usage = obj.get("usage")
         choices = obj.get("choices")
         if not choices:
@@ -250,7 +251,8 @@ class StreamRecovery:
                 changed = True
         if self.leg_is_cmpl:
             text = c.get("text") or ""
-            changed = self._cmpl_prompt_ids(c, first_leg) or changed
+            if "prompt_token_ids" in c:
+                changed = self._cmpl_prompt_ids(c, first_leg) or changed
         else:
             delta = c.get("delta") or {}
             text = delta.get("content") or ""

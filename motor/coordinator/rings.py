@@ -284,7 +284,7 @@ class WorkerLink:
         s = self._local_slot(fslot)
         if s is None:
             return
-        r._approx(group).insert(s, hashes, r.clock())
+        r.note_sent(s, group, hashes)
 
     async def run(self) -> None:
         self.hello()

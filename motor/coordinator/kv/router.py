@@ -166,6 +166,11 @@ class KvRouter:
         g = self.cfg.groups.get(group or "")
         return g.approximate if g is not None else self.cfg.approximate
 
+    def note_sent(self, slot: int, group: str | None, hashes: Any) -> None:
+        """Another worker sent a request with block ``hashes`` to instance ``slot`` of
+        ``group`` (a routing hint from the feed): record it in the approximate index."""
+        self._approx(group).insert(slot, hashes, self.clock())
+
     def _approx(self, group: str | None) -> ApproximateIndex:
         name = group or ""
         a = self.approx.get(name)

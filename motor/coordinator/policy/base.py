@@ -1,9 +1,12 @@
-"""The policy interface: ``pick(role, request, candidates) -> endpoint``.
+"""The policy interface: ``pick(candidates, request, exclude) -> endpoint``.
 
 Every policy answers the same question from the same inputs: the candidate
 endpoints (already filtered: routable, right role, right model, see
-:meth:`motor.coordinator.endpoints.EndpointTable.candidates`) and what is known of
-the request. The registry maps the config name (also the metric label) to the
+:meth:`motor.coordinator.endpoints.EndpointTable.candidates`), what is known of the
+request (:class:`RequestInfo`) and the endpoints already tried for it (``exclude``).
+A request path calls :meth:`Policy.prepare` once per request (policies that need the
+body), :meth:`Policy.pick` per attempt and :meth:`Policy.routed` for the attempt it
+sends. The registry maps the config name (also the metric label) to the
 class; there are no aliases.
 """
 from __future__ import annotations

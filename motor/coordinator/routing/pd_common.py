@@ -302,7 +302,8 @@ class PdPath(RequestPath):
         last = "no prefill instance"
         t = time.perf_counter()
         for attempt in range(s.max_attempts):
-            await s.pause(attempt)
+            if attempt:
+                await s.pause(attempt)
             if ep is None or attempt:
                 ep = self.pick(Role.PREFILL, ctx, exclude)
             if ep is None:
@@ -349,7 +350,8 @@ class PdPath(RequestPath):
         last = "no decode instance"
         exclude.update(ctx.avoid)   # a continuation avoids the decode that broke
         for attempt in range(s.max_attempts if retry else 1):
-            await s.pause(attempt)
+            if attempt:
+                await s.pause(attempt)
             ep = self.pick(Role.DECODE, ctx, exclude)
             if ep is None:
                 break

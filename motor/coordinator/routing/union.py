@@ -101,10 +101,6 @@ class Retry:
         self.answer = answer
 
 
-class _Evicted(Exception):
-    """The endpoint left the routable set while the attempt waited for its first byte."""
-
-
 class UnionPath(RequestPath):
     """The ``union`` request path over an endpoint table and a policy."""
 
@@ -191,7 +187,8 @@ class UnionPath(RequestPath):
         last_answer: Whole | None = None
         n_tried = 0
         for attempt in range(s.max_attempts):
-            await s.pause(attempt)
+            if attempt:
+                await s.pause(attempt)
             candidates = first if attempt == 0 and first is not None else \
                 self.table.candidates(Role.UNION, info.model)
             if not candidates:
@@ -220,13 +217,20 @@ class UnionPath(RequestPath):
         lease = ep.lease(load.tokens, info.prefill_tokens, load.decode_tokens)
         self.policy.routed(ep, info)
         handed = False
+        task = asyncio.current_task()
+        w = Waiting(task)       # evicted when ep leaves the routable set before the first byte
+        ep.waiting.add(w)
         try:
             try:
-                up = await self._send(ep, path, body, fwd,
-                                      s.stream_idle_step_s if stream else s.idle_timeout_s)
-            except _Evicted as e:
-                metrics.RETRIES.labels("endpoint_left").inc()
-                return Retry(f"{ep.url}: {e}")
+                up = await ep.pool.request(b"POST", path, body, fwd,
+                                           first_byte_timeout_s=s.first_byte_timeout_s,
+                                           idle_timeout_s=s.stream_idle_step_s if stream
+                                           else s.idle_timeout_s)
+            except asyncio.CancelledError:
+                if w.evicted is not None and task is not None and task.uncancel() == 0:
+                    metrics.RETRIES.labels("endpoint_left").inc()
+                    return Retry(f"{ep.url}: {w.evicted}")
+                raise
             except (UpstreamTimeout, UpstreamClosed, OSError) as e:
                 reason = transport_failed(ep, e)
                 if reason is None:
@@ -236,6 +240,8 @@ class UnionPath(RequestPath):
                 metrics.RETRIES.labels(reason).inc()
                 logger.debug("attempt on %s failed: %s", ep.url, e)
                 return Retry(failure_text(ep, e))
+            finally:
+                ep.waiting.discard(w)
             note_status(ep, up.status)
             ctype = up.header(b"content-type", JSON) or JSON
             if up.status < 300 and ctype.startswith(b"text/event-stream"):
@@ -245,24 +251,6 @@ class UnionPath(RequestPath):
         finally:
             if not handed:
                 lease.release()
-
-    async def _send(self, ep: EndpointState, path: bytes, body: bytes,
-                    fwd: list[tuple[bytes, bytes]], idle_s: float) -> UpstreamResponse:
-        """POST to ``ep``; raises :class:`_Evicted` when the endpoint leaves the routable set
-        before the answer's first byte (:meth:`EndpointState.evict_waiting`)."""
-        task = asyncio.current_task()
-        w = Waiting(task)
-        ep.waiting.add(w)
-        try:
-            return await ep.pool.request(b"POST", path, body, fwd,
-                                         first_byte_timeout_s=self.s.first_byte_timeout_s,
-                                         idle_timeout_s=idle_s)
-        except asyncio.CancelledError:
-            if w.evicted is not None and task is not None and task.uncancel() == 0:
-                raise _Evicted(w.evicted) from None
-            raise
-        finally:
-            ep.waiting.discard(w)
 
     async def _read_answer(self, ep: EndpointState, up: UpstreamResponse,
                            ctype: bytes) -> Fail | Whole | Retry:
