@@ -79,7 +79,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                         request_read_timeout_s=c.request_read_timeout_s,
                         keepalive_timeout_s=c.keepalive_timeout_s)
     port = await server.listen(c.host, c.port, reuse_port=reuse_port)
-    mode = "standalone, %d backend(s)" % len(backends) if backends else \
+    mode = f"standalone, {len(backends)} backend(s)" if backends else \
         f"following controller {controller_url or cfg.controller.url}"
     logger.info("coordinator worker %d listening on http://%s:%d (%s, mode=%s, policy=%s)",
                 worker_index, c.host, port, mode, c.mode.value, policy.name)

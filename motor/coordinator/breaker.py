@@ -45,7 +45,7 @@ class Breaker:
                  "open_max_s", "_next_open_s", "on_change", "name")
 
     def __init__(self, failure_threshold: int = 3, open_s: float = 1.0, open_max_s: float = 30.0,
-                 on_change: "object | None" = None, name: str = "") -> None:
+                 on_change: object | None = None, name: str = "") -> None:
         self.state = CLOSED
         self.failures = 0
         self.open_until = 0.0

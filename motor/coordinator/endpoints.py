@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import orjson
 
@@ -110,7 +110,7 @@ class EndpointState:
             self.breaker.probe_done()
 
     def lease(self, tokens: int = 0, prefill_tokens: int = 0, decode_tokens: int = 0
-              ) -> "Lease":
+              ) -> Lease:
         """Count one request on this endpoint (:meth:`acquire`) until the returned lease is
         released, exactly once (``with ep.lease(...)`` or :meth:`Lease.release`).
 
@@ -178,7 +178,7 @@ class Lease:
     def held(self) -> bool:
         return self._held
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -191,7 +191,7 @@ class Waiting:
 
     __slots__ = ("task", "evicted")
 
-    def __init__(self, task: "asyncio.Task[object] | None") -> None:
+    def __init__(self, task: asyncio.Task[object] | None) -> None:
         self.task = task
         self.evicted: str | None = None
 

@@ -227,7 +227,8 @@ class LoadTable:
                 ) -> npt.NDArray[np.int64]:
         """int64[len(slots), 4]: :meth:`totals` of many slots at once."""
         mask = self.row_gen[:, slots] == gens[None, :]
-        return (self.load[:, slots, :] * mask[:, :, None]).sum(axis=0)
+        out: npt.NDArray[np.int64] = (self.load[:, slots, :] * mask[:, :, None]).sum(axis=0)
+        return out
 
     def write_engine(self, slot: int, waiting: float, running: float, kv_usage: float,
                      scraped_at: float) -> None:

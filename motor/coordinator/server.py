@@ -21,7 +21,8 @@ import asyncio
 import hmac
 import os
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import orjson
 

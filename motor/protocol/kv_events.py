@@ -32,7 +32,8 @@ means device. Any other string stays visibly unknown (``None``); the caller deci
 """
 from __future__ import annotations
 
-from typing import Any, Hashable, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Hashable, Sequence
 
 import msgpack
 
@@ -238,7 +239,7 @@ class KvEventsAddress(NamedTuple):
     replay: str | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "KvEventsAddress":
+    def parse(cls, text: str) -> KvEventsAddress:
         """Raises ``WireError`` (a ``ValueError``) for a malformed address."""
         parts = text.strip().split(";")
         ep = parts[0]
@@ -259,7 +260,7 @@ class KvEventsAddress(NamedTuple):
                                 f"got {p!r} (in {text!r})")
         return cls(ep, bind, replay)
 
-    def for_dp_rank(self, dp_rank: int) -> "KvEventsAddress":
+    def for_dp_rank(self, dp_rank: int) -> KvEventsAddress:
         """DP rank r publishes on port + r (vLLM, SGLang); ipc paths are per rank already."""
         if dp_rank == 0:
             return self

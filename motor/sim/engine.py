@@ -34,7 +34,7 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence as Seq
+from collections.abc import Callable, Sequence as Seq
 
 from motor.protocol.chat_tokenizer import IM_END_ID
 from motor.sim.kv import ROOT_PARENT, BlockPool, hash_block
@@ -92,7 +92,7 @@ class Sequence:
                  "rng", "gen", "gen_pos", "sent_tokens", "sent_text", "dirty", "holdback",
                  "prefix_checked", "recompute_after", "ctx")
 
-    def __init__(self, req: "EngineRequest", index: int, prompt: list[int], max_tokens: int,
+    def __init__(self, req: EngineRequest, index: int, prompt: list[int], max_tokens: int,
                  seed_material: str, holdback: int) -> None:
         self.req = req
         self.index = index

@@ -19,7 +19,7 @@ engine to publish; see :meth:`BlockPool.take_events`.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 MASK64 = (1 << 64) - 1
 #: parent hash used for a sequence's first block
@@ -73,7 +73,7 @@ class BlockPool:
 
     def lookup(self, hashes: Sequence[int]) -> list[int]:
         """Block ids of the longest cached prefix of ``hashes`` (not yet referenced)."""
-        out = []
+        out: list[int] = []
         if not self.enable_prefix_caching:
             return out
         cached = self.cached

@@ -210,7 +210,7 @@ class PdSim:
                 try:
                     st, _ = await self.client.post_json_bytes(
                         host, port, "/sim/pd/push", orjson.dumps({"request_id": rid}), 5.0)
-                except (OSError, asyncio.TimeoutError) as e:
+                except (TimeoutError, OSError) as e:
                     raise PdError(500, f"KV push to {host}:{port} failed: {e}") from None
                 if st != 200:
                     raise PdError(500, f"KV push to {host}:{port} answered {st}")
@@ -229,7 +229,7 @@ class PdSim:
                         continue
                     try:
                         await asyncio.wait_for(room.taken.wait(), self.opts.bootstrap_timeout_s)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         self.stats["rooms_timed_out"] += 1
                         raise PdError(500, f"bootstrap room {r}: no decode instance took the KV "
                                            f"within {self.opts.bootstrap_timeout_s:g} s") from None
@@ -253,7 +253,7 @@ class PdSim:
                 orjson.dumps({"remote_request_id": rid}), 5.0)
             if st == 200:
                 blocks = int(orjson.loads(data)["blocks"])
-        except (OSError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as e:
+        except (TimeoutError, OSError, ValueError, KeyError, TypeError) as e:
             st = 0
             logger.warning("KV pull from %s:%s failed: %s", host, port, e)
         if st != 200:
@@ -288,7 +288,7 @@ class PdSim:
                                                       u.path or "/", cb))
         try:
             await asyncio.wait_for(asyncio.gather(*futs), self.opts.bootstrap_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise PdError(500, f"no KV pushed by a prefill instance within "
                                f"{self.opts.bootstrap_timeout_s:g} s") from None
         finally:
@@ -307,7 +307,7 @@ class PdSim:
             except OSError as e:
                 logger.warning("metaserver POST %s:%d%s failed (attempt %d): %s", host, port,
                                path, attempt + 1, e)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
 
     async def _rendezvous(self, body: dict[str, Any]) -> None:
@@ -331,7 +331,7 @@ class PdSim:
                 try:
                     st, data = await self.client.post_json_bytes(
                         h, p, "/sim/pd/room", orjson.dumps({"room": r}), left)
-                except (OSError, asyncio.TimeoutError):
+                except (TimeoutError, OSError):
                     await asyncio.sleep(min(0.05, max(0.0, left)))
                     continue
                 if st == 200:
@@ -382,7 +382,7 @@ class PdSim:
         if room is not None:
             try:
                 await asyncio.wait_for(room.prefilled.wait(), 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 room = None
         if room is None:
             resp.send(404, error_body(404, f"room {r!r} not ready"))

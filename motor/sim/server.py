@@ -63,7 +63,7 @@ def _get_int(body: dict[str, Any], key: str, default: int | None = None) -> int 
         if isinstance(v, float) and v.is_integer():
             return int(v)
         raise _bad(f"{key}: Input should be a valid integer, got {v!r}", key)
-    return v
+    return int(v)
 
 
 def _get_float(body: dict[str, Any], key: str, default: float) -> float:
@@ -690,7 +690,7 @@ class SimServer:
         usage = self._usage(prompt, completion, cached)
         rt = ctx.return_token_ids
         if ctx.chat:
-            choices = [{
+            choices: list[dict[str, Any]] = [{
                 "index": s.index,
                 "message": {"role": "assistant", "content": s.text, "refusal": None,
                             "annotations": None, "audio": None, "function_call": None,
@@ -760,10 +760,11 @@ class SimServer:
                 return
         if ctx.include_usage:
             prompt, completion, cached = self._totals(ereq, ctx)
-            final = {"id": ctx.resp_id,
-                     "object": "chat.completion.chunk" if ctx.chat else "text_completion",
-                     "created": ctx.created, "model": ctx.model, "choices": [],
-                     "usage": self._usage(prompt, completion, cached, omit_none=True)}
+            final: dict[str, Any] = {
+                "id": ctx.resp_id,
+                "object": "chat.completion.chunk" if ctx.chat else "text_completion",
+                "created": ctx.created, "model": ctx.model, "choices": [],
+                "usage": self._usage(prompt, completion, cached, omit_none=True)}
             resp.write(b"data: " + orjson.dumps(final) + b"\n\n")
         resp.end(SSE_DONE)
 

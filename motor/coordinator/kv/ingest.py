@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from enum import IntEnum
-from typing import Hashable
+from collections.abc import Callable, Hashable
 
 import numpy as np
 
@@ -79,7 +79,9 @@ class KvIngest:
         Called for applied events by kind (``stored``, ``removed``, ``cleared``).
     """
 
-    def __init__(self, index: PrefixIndex, block_size: int, on_drop=None, on_apply=None) -> None:
+    def __init__(self, index: PrefixIndex, block_size: int,
+                 on_drop: Callable[[str, int], object] | None = None,
+                 on_apply: Callable[[str, int], object] | None = None) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size is expected to be > 0, got {block_size}")
         self.index = index
@@ -209,7 +211,7 @@ class KvIngest:
             if v is None:
                 continue
             if type(v) is int:
-                out.append(v)  # type: ignore[arg-type]
+                out.append(v)
             else:
                 out.extend(v)  # type: ignore[arg-type]
         if out:

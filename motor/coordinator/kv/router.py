@@ -19,7 +19,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
 
 import numpy as np
 import numpy.typing as npt
@@ -178,7 +179,7 @@ class KvRouter:
             a = self.approx[name] = ApproximateIndex(self.approx_cfg(group))
         return a
 
-    def uses_approximate(self, ep: "EndpointState", group: str | None) -> bool:
+    def uses_approximate(self, ep: EndpointState, group: str | None) -> bool:
         mode = self.approx_cfg(group).mode
         if mode is ApproximateMode.ON:
             return True
@@ -214,7 +215,7 @@ class KvRouter:
             np.maximum(out, self._out2, out=out)
         return out
 
-    def routed(self, ep: "EndpointState", group: str | None,
+    def routed(self, ep: EndpointState, group: str | None,
                hashes: npt.NDArray[np.uint64] | None) -> None:
         """Approximate mode: ``ep`` got a request whose key has ``hashes``; then
         :attr:`on_routed`, if set, hears of the insertion."""

@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 class KvEventSubscriber:
     """The SUB socket of one endpoint, feeding ``router.ingest``."""
 
-    def __init__(self, router: "KvRouter", key: str, address: KvEventsAddress,
+    def __init__(self, router: KvRouter, key: str, address: KvEventsAddress,
                  ctx: zmq.asyncio.Context, replay_timeout_s: float = 1.0) -> None:
         self.router = router
         self.key = key
@@ -158,7 +158,7 @@ class KvEventSubscriber:
 class KvEventFeed:
     """One subscriber per endpoint of ``table`` that has a ``kv_events`` address."""
 
-    def __init__(self, router: "KvRouter", table: "EndpointTable") -> None:
+    def __init__(self, router: KvRouter, table: EndpointTable) -> None:
         self.router = router
         self.table = table
         self.ctx = zmq.asyncio.Context()

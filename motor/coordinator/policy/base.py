@@ -48,11 +48,11 @@ class Policy:
     def prepare(self, info: RequestInfo, route: str, body: dict[str, Any]) -> None:
         """Fill what the policy needs from the body (``route``: ``chat`` / ``completions``)."""
 
-    def routed(self, ep: "EndpointState", info: RequestInfo) -> None:
+    def routed(self, ep: EndpointState, info: RequestInfo) -> None:
         """``info``'s request was sent to ``ep`` (called once per accepted attempt)."""
 
-    def pick(self, candidates: "list[EndpointState]", request: RequestInfo,
-             exclude: "set[EndpointState] | None" = None) -> "EndpointState | None":
+    def pick(self, candidates: list[EndpointState], request: RequestInfo,
+             exclude: set[EndpointState] | None = None) -> EndpointState | None:
         """Choose one of ``candidates`` (never one in ``exclude`` unless nothing else is left);
         ``None`` only when ``candidates`` is empty."""
         raise NotImplementedError

@@ -65,8 +65,8 @@ class KvAffinity(Policy):
             info.prompt_tokens, info.block_hashes = key
             info.prefill_tokens = info.prompt_tokens
 
-    def pick(self, candidates: "list[EndpointState]", request: RequestInfo,
-             exclude: "set[EndpointState] | None" = None) -> "EndpointState | None":
+    def pick(self, candidates: list[EndpointState], request: RequestInfo,
+             exclude: set[EndpointState] | None = None) -> EndpointState | None:
         if not candidates:
             return None
         cands = [e for e in candidates if e not in exclude] if exclude else candidates
@@ -109,6 +109,6 @@ class KvAffinity(Policy):
                     f"decode {decode[j]:.0f} queue {queue[j]:.0f}" for j, e in enumerate(cands)))
         return ep
 
-    def routed(self, ep: "EndpointState", request: RequestInfo) -> None:
+    def routed(self, ep: EndpointState, request: RequestInfo) -> None:
         """The request went to ``ep`` (approximate mode remembers it)."""
         self.router.routed(ep, request.model, request.block_hashes)

@@ -25,8 +25,8 @@ class LeastLoad(Policy):
         self.request_weight_tokens = request_weight_tokens
         self._next = 0
 
-    def pick(self, candidates: "list[EndpointState]", request: RequestInfo,
-             exclude: "set[EndpointState] | None" = None) -> "EndpointState | None":
+    def pick(self, candidates: list[EndpointState], request: RequestInfo,
+             exclude: set[EndpointState] | None = None) -> EndpointState | None:
         n = len(candidates)
         if n == 0:
             return None

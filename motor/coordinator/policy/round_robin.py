@@ -20,8 +20,8 @@ class RoundRobin(Policy):
     def __init__(self) -> None:
         self._next = 0
 
-    def pick(self, candidates: "list[EndpointState]", request: RequestInfo,
-             exclude: "set[EndpointState] | None" = None) -> "EndpointState | None":
+    def pick(self, candidates: list[EndpointState], request: RequestInfo,
+             exclude: set[EndpointState] | None = None) -> EndpointState | None:
         n = len(candidates)
         if n == 0:
             return None

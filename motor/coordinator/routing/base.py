@@ -20,7 +20,8 @@ import asyncio
 import os
 import time
 import uuid
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
+from collections.abc import Callable
 
 import orjson
 
@@ -54,7 +55,7 @@ class Settings:
                  "token_ids_mode", "failover_on", "max_continuations", "prefill_timeout_s",
                  "fallback_to_union", "api_keys", "worker_auth", "forward_client_auth")
 
-    def __init__(self, cfg: CoordinatorConfig, env: "dict[str, str] | os._Environ[str] | None"
+    def __init__(self, cfg: CoordinatorConfig, env: dict[str, str] | os._Environ[str] | None
                  = None) -> None:
         env = os.environ if env is None else env
         t = cfg.timeouts
@@ -88,7 +89,7 @@ class Settings:
         at ``backoff_max_s``."""
         if attempt <= 0:
             return 0.0
-        return min(self.backoff_s * (2 ** (attempt - 1)), self.backoff_max_s)
+        return min(self.backoff_s * (1 << (attempt - 1)), self.backoff_max_s)
 
     async def pause(self, attempt: int) -> None:
         """Sleep :meth:`backoff_delay_s` before a retry (no wait before the first attempt)."""
@@ -136,7 +137,7 @@ class RequestPath:
     async def handle(self, route: Route, req: Request, resp: Response) -> None:
         raise NotImplementedError
 
-    def routes(self) -> "list[tuple[str, str, Callable[[Request, Response], Any]]]":
+    def routes(self) -> list[tuple[str, str, Callable[[Request, Response], Any]]]:
         return []
 
 

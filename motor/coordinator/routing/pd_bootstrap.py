@@ -68,7 +68,7 @@ class Bootstrap(PdPath):
         for path in ("/server_info", "/get_server_info"):
             try:
                 st, data = await client.get_json_bytes(ep.host, ep.port, path, 5.0)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 return None
             if st == 200:
                 try:
@@ -128,7 +128,7 @@ class Bootstrap(PdPath):
                 status = up.status
                 async with up:
                     data = await read_whole(up, self.prefill_timeout_s)
-            except asyncio.TimeoutError as e:
+            except TimeoutError as e:
                 ep.failed()
                 raise LegFailed(504, f"prefill instance {ep.instance_id} did not answer within "
                                      f"{getattr(e, 'timeout_s', self.prefill_timeout_s):g} s") \

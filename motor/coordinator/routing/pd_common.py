@@ -87,7 +87,7 @@ class Ctx:
         self.legs = 0
         self.wrote = False
 
-    def continued(self, path: bytes, body: dict[str, Any]) -> "Ctx":
+    def continued(self, path: bytes, body: dict[str, Any]) -> Ctx:
         """The context of the next leg of a broken stream: a fresh PD request for ``path``
         with ``body`` (StreamRecovery's continuation), same client, ids, response and
         recovery state."""
@@ -133,10 +133,10 @@ def merge_usage(d_usage: Any, p_usage: Any) -> Any:
     are the real prefix-cache hit; D counts the transferred prompt as cached)."""
     if not isinstance(d_usage, dict) or not isinstance(p_usage, dict):
         return d_usage
-    ptd = p_usage.get("prompt_tokens_details")
-    if isinstance(ptd, dict):
+    details = p_usage.get("prompt_tokens_details")
+    if isinstance(details, dict):
         d_usage = dict(d_usage)
-        d_usage["prompt_tokens_details"] = ptd
+        d_usage["prompt_tokens_details"] = details
     return d_usage
 
 

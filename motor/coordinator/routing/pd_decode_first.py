@@ -23,7 +23,8 @@ import asyncio
 import logging
 import socket
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import orjson
 
@@ -70,7 +71,7 @@ class DecodeFirst(PdPath):
         self.metaserver_url: str = url
         self.pending: dict[str, _Pending] = {}
 
-    def routes(self) -> "list[tuple[str, str, Callable[[Request, Response], Any]]]":
+    def routes(self) -> list[tuple[str, str, Callable[[Request, Response], Any]]]:
         """D's connector calls back on ``POST /v1/metaserver``."""
         return [("POST", METASERVER_PATH, self.on_metaserver)]
 
