@@ -10,6 +10,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from motor.protocol.engine_metrics import VLLM_KV_USAGE, VLLM_RUNNING, VLLM_WAITING
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST.encode()
 
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -52,11 +54,12 @@ class SimMetrics:
         def hist(name: str, doc: str, buckets: tuple[float, ...] | list[float]) -> Histogram:
             return Histogram(name, doc, names, buckets=buckets, registry=r).labels(**lv)
 
-        self.num_requests_running = gauge("vllm:num_requests_running",
+        # the load gauges the coordinator reads (motor.protocol.engine_metrics)
+        self.num_requests_running = gauge(VLLM_RUNNING,
                                           "Number of requests in model execution batches.")
-        self.num_requests_waiting = gauge("vllm:num_requests_waiting",
+        self.num_requests_waiting = gauge(VLLM_WAITING,
                                           "Number of requests waiting to be processed.")
-        self.kv_cache_usage_perc = gauge("vllm:kv_cache_usage_perc",
+        self.kv_cache_usage_perc = gauge(VLLM_KV_USAGE,
                                          "KV-cache usage. 1 means 100 percent usage.")
         self.prefix_cache_queries = counter(
             "vllm:prefix_cache_queries",
