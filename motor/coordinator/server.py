@@ -18,11 +18,12 @@ else (case B14); management routes stay open.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import os
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -75,10 +76,14 @@ class Coordinator:
             r.add(method, route_path, handler)
 
     def _inference(self, route: Route, path: RequestPath) -> Handler:
+        """The handler of an inference route: ``path.handle`` for ``route`` (behind the API
+        key check when keys are set; without keys no wrapper coroutine is added)."""
+        if not self.settings.api_keys:
+            return functools.partial(path.handle, route)
+
         async def handle(req: Request, resp: Response) -> None:
             if self.authorized(req, resp, route):
                 await path.handle(route, req, resp)
-        handle.__name__ = f"on_{route.name}"
         return handle
 
     # -- auth ---------------------------------------------------------------------------

@@ -32,8 +32,8 @@ means device. Any other string stays visibly unknown (``None``); the caller deci
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
 from collections.abc import Hashable, Sequence
+from typing import Any, NamedTuple
 
 import msgpack
 

@@ -15,8 +15,8 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 from collections.abc import Iterable
+from typing import Any
 
 from motor.protocol.chat_tokenizer import (CHAT_TEMPLATE, ENDOFTEXT, ENDOFTEXT_ID, EOS_TOKEN_IDS,
                                            IM_END, SIM_TOKENIZER_DIR, SPECIAL_TOKENS,

@@ -18,9 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
-from collections.abc import Iterable
 
 import numpy as np
 import numpy.typing as npt

@@ -20,8 +20,8 @@ import asyncio
 import os
 import time
 import uuid
-from typing import Any, ClassVar, Protocol
 from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
 
 import orjson
 

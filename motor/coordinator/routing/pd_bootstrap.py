@@ -21,7 +21,7 @@ import orjson
 
 from motor.config.schema import Role
 from motor.coordinator.endpoints import EndpointState
-from motor.coordinator.metrics import PD_PREFILL
+from motor.coordinator.metrics import PD_PREFILL, PD_REQUESTS
 from motor.coordinator.routing.base import engine_error_body, note_status, read_whole
 from motor.coordinator.routing.pd_common import Ctx, LegFailed, PdPath
 
@@ -97,8 +97,7 @@ class Bootstrap(PdPath):
                 # P finished first: fine when it succeeded, fatal for D otherwise
                 err = p_task.exception()
                 if err is not None:
-                    d_task.cancel()
-                    await asyncio.gather(d_task, return_exceptions=True)
+                    await self.end_legs(d_task)
                     raise err
                 await asyncio.wait({d_task})
             ep, up, lease = d_task.result()   # raises LegFailed when D could not be reached
@@ -113,10 +112,8 @@ class Bootstrap(PdPath):
                 finally:
                     up.close()
         finally:
-            for t in (p_task, d_task):
-                if not t.done():
-                    t.cancel()
-            await asyncio.gather(p_task, d_task, return_exceptions=True)
+            await self.end_legs(p_task, d_task)
+            self.drop_decode(d_task)   # D answered the turn the request ended
 
     async def _prefill_leg(self, ctx: Ctx, ep: EndpointState, body: bytes) -> None:
         """Send P its copy and read its answer to the end (dropped); raises LegFailed."""
@@ -130,15 +127,18 @@ class Bootstrap(PdPath):
                     data = await read_whole(up, self.prefill_timeout_s)
             except TimeoutError as e:
                 ep.failed()
+                PD_REQUESTS.labels(self.name, "prefill_failed").inc()
                 raise LegFailed(504, f"prefill instance {ep.instance_id} did not answer within "
                                      f"{getattr(e, 'timeout_s', self.prefill_timeout_s):g} s") \
                     from None
             except (ConnectionError, OSError) as e:
                 ep.failed(certain=isinstance(e, ConnectionRefusedError))
+                PD_REQUESTS.labels(self.name, "prefill_failed").inc()
                 raise LegFailed(502, f"prefill instance {ep.instance_id} failed: "
                                      f"{type(e).__name__}: {e}") from None
         note_status(ep, status)
         if status >= 400:
+            PD_REQUESTS.labels(self.name, "prefill_failed").inc()
             raise LegFailed(status, f"prefill instance {ep.instance_id} answered {status}",
                             engine_error_body(status, data))
         PD_PREFILL.labels(self.name).observe(time.perf_counter() - t)

@@ -200,7 +200,7 @@ class PdPath(RequestPath):
         table = self.table
         if not table.candidates(Role.PREFILL, p.model) or not table.candidates(Role.DECODE,
                                                                                 p.model):
-            await self.no_pair(route, p, resp)
+            await self.no_pair(route, req, resp, p)
             return
         ctx = Ctx(route, resp, p)
         self.recovery(ctx)
@@ -221,13 +221,13 @@ class PdPath(RequestPath):
             PD_REQUESTS.labels(self.name, "client_gone").inc()
             raise
 
-    async def no_pair(self, route: Route, p: Parsed, resp: Response) -> None:
+    async def no_pair(self, route: Route, req: Request, resp: Response, p: Parsed) -> None:
         """No prefill or no decode instance is ready: the union path when allowed and a
         union instance serves the model, else 404 (unknown model) or 503."""
         table, model = self.table, p.model
         if self.s.fallback_to_union and table.candidates(Role.UNION, model):
             PD_REQUESTS.labels(self.name, "fallback_union").inc()
-            await self.union.serve(route, p, resp)
+            await self.union.handle(route, req, resp, p)
             return
         PD_REQUESTS.labels(self.name, "no_instance").inc()
         if model is not None and not table.has_model(model):
@@ -288,6 +288,7 @@ class PdPath(RequestPath):
         reason = transport_failed(ep, e)
         if reason is None:
             assert isinstance(e, UpstreamTimeout)
+            PD_REQUESTS.labels(self.name, f"{leg}_failed").inc()
             raise LegFailed(504, f"{leg} instance {ep.instance_id} did not answer within "
                                  f"{e.timeout_s:g} s") from None
         metrics.RETRIES.labels(reason).inc()
@@ -328,6 +329,7 @@ class PdPath(RequestPath):
                 if status >= 500:
                     last = f"{ep.url}: answered {status}: {data[:200].decode('utf-8', 'replace')}"
                     continue
+                PD_REQUESTS.labels(self.name, "prefill_failed").inc()
                 raise LegFailed(status, f"prefill answered {status}",
                                 engine_error_body(status, data))
             try:
@@ -335,10 +337,12 @@ class PdPath(RequestPath):
             except orjson.JSONDecodeError:
                 obj = None
             if not isinstance(obj, dict):
+                PD_REQUESTS.labels(self.name, "prefill_failed").inc()
                 raise LegFailed(502, f"prefill instance {ep.instance_id} answered a body that "
                                      f"is not a JSON object")
             PD_PREFILL.labels(self.name).observe(time.perf_counter() - t)
             return ep, obj
+        PD_REQUESTS.labels(self.name, "prefill_failed").inc()
         raise LegFailed(502, f"the prefill leg failed: {last}")
 
     async def open_decode(self, ctx: Ctx, body: bytes, exclude: set[EndpointState],
@@ -368,7 +372,33 @@ class PdPath(RequestPath):
                 lease.release()
                 raise
             return ep, up, lease
+        PD_REQUESTS.labels(self.name, "decode_failed").inc()
         raise LegFailed(502, f"the decode leg failed: {last}")
+
+    @staticmethod
+    async def end_legs(*tasks: asyncio.Future[Any]) -> None:
+        """Cancel the legs still running, wait until every one has finished and retrieve
+        their outcomes (nothing logged as "never retrieved")."""
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        pending = [t for t in tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending)
+        for t in tasks:
+            if not t.cancelled():
+                t.exception()
+
+    @staticmethod
+    def drop_decode(d_task: asyncio.Future[tuple[EndpointState, UpstreamResponse, Lease]]
+                    ) -> None:
+        """A finished ``open_decode`` task whose answer nobody relays (the request ended
+        the same turn the decode answered): close its upstream, release its lease (both
+        idempotent, so also safe after the request path did)."""
+        if d_task.done() and not d_task.cancelled() and d_task.exception() is None:
+            _, up, lease = d_task.result()
+            up.close()
+            lease.release()
 
     async def answer_decode(self, ctx: Ctx, ep: EndpointState, up: UpstreamResponse,
                             p_answer: dict[str, Any] | None, t_decode: float) -> None:
@@ -484,13 +514,18 @@ class PdPath(RequestPath):
         v = after_leg(rec, err, legs=ctx.legs, max_continuations=self.s.max_continuations,
                       wrote_any=ctx.wrote, path=ctx.path)
         settle_leg(ep, err, v.engine_ok)
-        if v.action == END:
+        if v.action == END and err is None:
             resp.end(v.tail or b"")
             route.count(200)
             PD_REQUESTS.labels(self.name, "ok").inc()
             return
         if resp.client_gone:
             raise asyncio.CancelledError()
+        if v.action == END:     # broke after its finishing chunk: motor ends it
+            resp.end(v.tail or b"")
+            route.count(200)
+            PD_REQUESTS.labels(self.name, "ok").inc()
+            return
         if v.action == REFUSE:
             metrics.FAILOVER_REFUSED.labels("refused").inc()
             msg = (f"decode instance {ep.instance_id} failed mid-stream ({err or v.reason}); "

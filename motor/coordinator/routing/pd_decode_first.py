@@ -23,8 +23,8 @@ import asyncio
 import logging
 import socket
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -103,8 +103,7 @@ class DecodeFirst(PdPath):
             waiters: set[asyncio.Future[Any]] = {d_task, *fails}
             done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             if d_task not in done:
-                d_task.cancel()
-                await asyncio.gather(d_task, return_exceptions=True)
+                await self.end_legs(d_task)
                 raise next(f for f in fails if f.done()).result()
             ep, up, lease = d_task.result()
             with lease:
@@ -114,13 +113,13 @@ class DecodeFirst(PdPath):
                 finally:
                     up.close()
         finally:
-            if not d_task.done():
-                d_task.cancel()
             for cid, p in pend.items():
                 if self.pending.get(cid) is p:
                     del self.pending[cid]
                 if p.p_task is not None and not p.p_task.done():
                     p.p_task.cancel()
+            await self.end_legs(d_task)
+            self.drop_decode(d_task)   # D answered the turn the request ended
 
     async def on_metaserver(self, req: Request, resp: Response) -> None:
         """D's connector calls back: run P for that child, answer when it is done."""

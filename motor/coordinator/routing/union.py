@@ -32,8 +32,8 @@ from motor.config.schema import Role
 from motor.coordinator import metrics
 from motor.coordinator.endpoints import EndpointState, EndpointTable, Lease, Waiting
 from motor.coordinator.policy import Policy, RequestInfo
-from motor.coordinator.recovery import (END, REFUSE, StreamRecovery, after_leg, continuable,
-                                        inject_token_ids, retryable_status)
+from motor.coordinator.recovery import (END, REFUSE, StreamRecovery, Verdict, after_leg,
+                                        continuable, inject_token_ids, retryable_status)
 from motor.coordinator.routing.base import (JSON, Headers, Parsed, RequestPath, Route, Settings,
                                             engine_error_body, failure_text, note_status,
                                             parse_request, read_whole, relay_sse, settle_leg,
@@ -111,14 +111,14 @@ class UnionPath(RequestPath):
         self.table = table
         self.policy = policy
 
-    async def handle(self, route: Route, req: Request, resp: Response) -> None:
-        p = parse_request(self.s, route, req, resp)
-        if p is not None:
-            await self.serve(route, p, resp)
-
-    async def serve(self, route: Route, p: Parsed, resp: Response) -> None:
-        """Answer ``p`` from a union instance (a PD mode falling back to union calls this
-        with the request it parsed)."""
+    async def handle(self, route: Route, req: Request, resp: Response,
+                     p: Parsed | None = None) -> None:
+        """Answer the request from a union instance. ``p``: the request as already parsed
+        (a PD mode falling back to union passes its own)."""
+        if p is None:
+            p = parse_request(self.s, route, req, resp)
+            if p is None:
+                return
         candidates = self.table.candidates(Role.UNION, p.model)
         if not candidates:
             if p.model is not None and not self.table.has_model(p.model):
@@ -244,29 +244,31 @@ class UnionPath(RequestPath):
                 ep.waiting.discard(w)
             note_status(ep, up.status)
             ctype = up.header(b"content-type", JSON) or JSON
-            if up.status < 300 and ctype.startswith(b"text/event-stream"):
+            status = up.status
+            if status < 300 and ctype.startswith(b"text/event-stream"):
                 handed = True   # the stream holds the lease now
                 return Opened(ep, up, ctype, lease)
-            return await self._read_answer(ep, up, ctype)
+            try:
+                async with up:
+                    data = await read_whole(up, s.idle_timeout_s)
+            except UpstreamTimeout as e:
+                metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
+                return Fail(504, f"engine {ep.instance_id} stopped answering for "
+                                 f"{e.timeout_s:g} s")
+            except (UpstreamClosed, OSError) as e:
+                # nothing reached the client yet: the answer can still come from elsewhere
+                metrics.UPSTREAM_ERRORS.labels(ep.url, "closed").inc()
+                ep.failed()
+                metrics.RETRIES.labels("closed").inc()
+                return Retry(failure_text(ep, e))
         finally:
             if not handed:
                 lease.release()
+        return self._whole(ep, up, status, ctype, data)
 
-    async def _read_answer(self, ep: EndpointState, up: UpstreamResponse,
-                           ctype: bytes) -> Fail | Whole | Retry:
-        status = up.status
-        try:
-            async with up:
-                data = await read_whole(up, self.s.idle_timeout_s)
-        except UpstreamTimeout as e:
-            metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
-            return Fail(504, f"engine {ep.instance_id} stopped answering for {e.timeout_s:g} s")
-        except (UpstreamClosed, OSError) as e:
-            # nothing reached the client yet: the answer can still come from elsewhere
-            metrics.UPSTREAM_ERRORS.labels(ep.url, "closed").inc()
-            ep.failed()
-            metrics.RETRIES.labels("closed").inc()
-            return Retry(failure_text(ep, e))
+    def _whole(self, ep: EndpointState, up: UpstreamResponse, status: int, ctype: bytes,
+               data: bytes) -> Whole | Retry:
+        """A whole answer: for the client, or a retryable status to try elsewhere."""
         retry_after = up.header(b"retry-after")
         extra = ((b"retry-after", retry_after),) if retry_after is not None else ()
         answer = Whole(status, ctype, data, extra)
@@ -294,8 +296,11 @@ class UnionPath(RequestPath):
                                              on_prefill_done=leg.lease.prefill_done)
                 wrote_any = wrote_any or wrote
                 leg.up.close()
-                status, cur = await self._next_leg(route, p, resp, leg, err, rec, info, load,
-                                                   legs, wrote_any, why_not)
+                v = self._leg_ended(route, p, resp, leg, err, rec, legs, wrote_any, why_not)
+                if isinstance(v, int):
+                    status, cur = v, None
+                else:
+                    status, cur = await self._next_leg(p, resp, leg, v, info, load, legs)
                 legs += 1
         except (asyncio.CancelledError, ConnectionError):
             metrics.CLIENT_DISCONNECTS.labels("streaming").inc()
@@ -306,11 +311,10 @@ class UnionPath(RequestPath):
         route.count(status)
         route.e2e.observe(time.perf_counter() - p.t0)
 
-    async def _next_leg(self, route: Route, p: Parsed, resp: Response, leg: Opened,
-                        err: BaseException | None, rec: StreamRecovery | None,
-                        info: RequestInfo, load: Load, legs: int, wrote_any: bool,
-                        why_not: str) -> tuple[int, Opened | None]:
-        """After a leg: end the answer (its status, ``None``) or open the next leg."""
+    def _leg_ended(self, route: Route, p: Parsed, resp: Response, leg: Opened,
+                   err: BaseException | None, rec: StreamRecovery | None, legs: int,
+                   wrote_any: bool, why_not: str) -> int | Verdict:
+        """After a leg: end the answer (returns its status) or say how to continue."""
         ep = leg.ep
         if isinstance(err, UpstreamTimeout):
             metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
@@ -320,22 +324,32 @@ class UnionPath(RequestPath):
             resp.end(sse_error_event(504, f"engine {ep.instance_id} stopped sending for "
                                           f"longer than the idle timeout "
                                           f"({self.s.idle_timeout_s:g} s)"))
-            return 504, None
+            return 504
         v = after_leg(rec, err, legs=legs, max_continuations=self.s.max_continuations,
                       wrote_any=wrote_any, path=route.path, raw=p.raw, why_not=why_not)
         settle_leg(ep, err, v.engine_ok)
-        if v.action == END:
+        if v.action == END and err is None:
             resp.end(v.tail or b"")
-            return 200, None
+            return 200
         if resp.client_gone:
             raise asyncio.CancelledError()
+        if v.action == END:     # broke after its finishing chunk: motor ends it
+            resp.end(v.tail or b"")
+            return 200
         if v.action == REFUSE:
             metrics.FAILOVER_REFUSED.labels("refused").inc()
             msg = f"engine {ep.instance_id} failed mid-stream ({err or v.reason}); " \
                   f"not continued: {v.why}"
             logger.warning("stream from %s ended early: %s", ep.url, msg)
             resp.end(v.tail if v.tail is not None else sse_error_event(502, msg))
-            return 502, None
+            return 502
+        return v
+
+    async def _next_leg(self, p: Parsed, resp: Response, leg: Opened, v: Verdict,
+                        info: RequestInfo, load: Load, legs: int) -> tuple[int, Opened | None]:
+        """Open the next leg of a broken stream (``v``: CONTINUE) on another endpoint; ends
+        the answer with an error event when none takes it."""
+        ep = leg.ep
         leg.lease.release()
         metrics.FAILOVERS.labels(v.reason).inc()
         logger.info("stream from %s continues elsewhere (%s, leg %d)", ep.url, v.reason,

@@ -222,3 +222,24 @@ def test_engine_error_event_passed_on_when_refused() -> None:
                   path=b"/v1/completions")
     assert v.action == REFUSE and v.reason == "engine_error"
     assert v.tail == err + b"\n\ndata: [DONE]\n\n"
+
+
+def test_transport_error_after_done_ends_without_a_second_done() -> None:
+    rec = _rec()
+    out = rec.feed(_cmpl_event("a", [7], prompt_ids=[1, 2], finish="stop")
+                   + b"data: [DONE]\n\n")
+    assert out.endswith(b"data: [DONE]\n\n")
+    v = after_leg(rec, ConnectionResetError(), legs=0, max_continuations=2, wrote_any=True,
+                  path=b"/v1/completions")
+    assert v.action == END and v.reason == "done" and v.tail == b"" and not v.engine_ok
+
+
+def test_completion_max_tokens_absent_is_16_null_is_unbounded() -> None:
+    assert _rec().remaining() == 4
+    absent = StreamRecovery(False, {"prompt": "hi", "stream": True})
+    assert absent.remaining() == 16
+    null = StreamRecovery(False, {"prompt": "hi", "stream": True, "max_tokens": None})
+    assert null.remaining() is None
+    chat = StreamRecovery(True, {"messages": [], "stream": True, "max_tokens": 50,
+                                 "max_completion_tokens": 10})
+    assert chat.remaining() == 10
