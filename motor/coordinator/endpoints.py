@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable
 
 import orjson
+from prometheus_client import Gauge
 
 from motor.config.schema import BreakerConfig, EngineKind, Role
 from motor.coordinator import metrics
@@ -69,7 +70,12 @@ class EndpointState:
         self.pool = pool
         self.kv_events = kv_events
         self.bootstrap_port = bootstrap_port
-        self._gauge = metrics.INFLIGHT.labels(instance_id, self.url)
+        gauge = metrics.INFLIGHT.labels(instance_id, self.url)
+        # one process: the gauge reads the count at scrape time (no lock taken per request);
+        # multiprocess mode exports only what is set, so it is counted as it changes there
+        self._gauge: Gauge | None = gauge if metrics.MULTIPROCESS else None
+        if not metrics.MULTIPROCESS:
+            gauge.set_function(lambda: self.inflight)
         b = breaker or BreakerConfig()
         self.breaker = Breaker(b.failure_threshold, b.open_s, b.open_max_s,
                                metrics.BREAKER_STATE.labels(instance_id, self.url).set, self.url)
@@ -94,7 +100,8 @@ class EndpointState:
         self.inflight_decode_tokens += decode_tokens
         if self.shared is not None:
             self.shared.acquire(tokens, prefill_tokens, decode_tokens)
-        self._gauge.inc()
+        if self._gauge is not None:
+            self._gauge.inc()
         if self.breaker.state != CLOSED:
             self.breaker.on_pick(time.monotonic())
 
@@ -105,7 +112,8 @@ class EndpointState:
         self.inflight_decode_tokens -= decode_tokens
         if self.shared is not None:
             self.shared.release(tokens, prefill_tokens, decode_tokens)
-        self._gauge.dec()
+        if self._gauge is not None:
+            self._gauge.dec()
         if self.breaker.state == HALF_OPEN:
             self.breaker.probe_done()
 

@@ -8,6 +8,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
+#: prometheus-client's multiprocess mode (``coordinator.workers > 1``: every worker writes
+#: its samples to files in ``PROMETHEUS_MULTIPROC_DIR``, read once at import as the client
+#: does): gauges there must be set as they change, not computed at scrape time
+MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
 _LAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                 10.0, 30.0, 60.0, 120.0, 300.0)
 

@@ -297,7 +297,7 @@ class Silence:
     :class:`UpstreamTimeout` at each step; :meth:`waited` adds the step and raises
     ``UpstreamTimeout("idle", idle_timeout_s)`` once the total reaches the idle timeout.
     Any other timeout (connect, first byte, a step as long as the idle timeout) is
-    re-raised as it is. :meth:`reset` when a chunk arrives."""
+    re-raised as it is. Made at the first step, dropped when a chunk arrives."""
 
     __slots__ = ("idle_timeout_s", "total")
 
@@ -312,9 +312,6 @@ class Silence:
         if self.total >= self.idle_timeout_s:
             raise UpstreamTimeout("idle", self.idle_timeout_s) from None
 
-    def reset(self) -> None:
-        self.total = 0.0
-
 
 async def read_whole(up: UpstreamResponse, idle_timeout_s: float) -> bytes:
     """The rest of ``up``'s body.
@@ -326,16 +323,18 @@ async def read_whole(up: UpstreamResponse, idle_timeout_s: float) -> bytes:
     :class:`UpstreamClosed` / ``OSError`` propagate as raised. Does not close ``up``.
     """
     parts: list[bytes] = []
-    silence = Silence(idle_timeout_s)
+    silence: Silence | None = None
     while True:
         try:
             chunk = await up.next_chunk()
         except UpstreamTimeout as e:
+            if silence is None:
+                silence = Silence(idle_timeout_s)
             silence.waited(e)
             continue
         if chunk is None:
             return b"".join(parts)
-        silence.reset()
+        silence = None
         parts.append(chunk)
 
 
@@ -379,18 +378,20 @@ async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, r
     """
     tail = b""
     wrote = False
-    silence = Silence(idle_timeout_s)
+    silence: Silence | None = None
     try:
         while True:
             try:
                 chunk = await up.next_chunk()
             except UpstreamTimeout as e:
+                if silence is None:
+                    silence = Silence(idle_timeout_s)
                 silence.waited(e)
                 resp.write(KEEPALIVE)
                 continue
             if chunk is None:
                 break
-            silence.reset()
+            silence = None
             if tail:
                 chunk = tail + chunk
                 tail = b""

@@ -35,7 +35,8 @@ from motor.coordinator.policy import Policy, RequestInfo
 from motor.coordinator.recovery import (END, REFUSE, StreamRecovery, Verdict, after_leg,
                                         continuable, inject_token_ids, retryable_status)
 from motor.coordinator.routing.base import (JSON, Headers, Parsed, RequestPath, Route, Settings,
-                                            engine_error_body, failure_text, note_status,
+                                            engine_error_body, estimate_prompt_tokens,
+                                            failure_text, note_status,
                                             parse_request, read_whole, relay_sse, settle_leg,
                                             transport_failed)
 from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
@@ -127,10 +128,13 @@ class UnionPath(RequestPath):
                 route.fail(resp, 503, "no ready instance can serve this request"
                            + (f" (model {p.model})" if p.model else ""), p.rid_header)
             return
-        info = p.info()
+        info = RequestInfo(p.model, estimate_prompt_tokens(p.body, len(p.raw)), p.max_tokens)
         if self.policy.uses_prefix:  # kv_affinity: routing key = the tokenized request
             self.policy.prepare(info, route.name, p.body)
-        rec, with_ids, why_not = self._recovery(route, p)
+        if p.stream:
+            rec, with_ids, why_not = self._recovery(route, p)
+        else:
+            rec, with_ids, why_not = None, p.raw, "not a stream"
         load = Load(info.prompt_tokens + p.max_tokens, p.max_tokens)
         try:
             res = await self.dispatch(route.path, p.raw, with_ids, p.fwd, info, load, set(),
@@ -147,10 +151,8 @@ class UnionPath(RequestPath):
 
     def _recovery(self, route: Route, p: Parsed
                   ) -> tuple[StreamRecovery | None, bytes, str]:
-        """(mid-stream recovery or ``None``, the body with ``return_token_ids``, why not
-        continuable when ``None``)."""
-        if not p.stream:
-            return None, p.raw, "not a stream"
+        """A stream's (mid-stream recovery or ``None``, the body with ``return_token_ids``,
+        why not continuable when ``None``)."""
         if not (self.s.failover_on and route.name in ("chat", "completions")):
             return None, p.raw, "failover is off"
         why = continuable(route.chat, p.body)
@@ -242,9 +244,9 @@ class UnionPath(RequestPath):
                 return Retry(failure_text(ep, e))
             finally:
                 ep.waiting.discard(w)
-            note_status(ep, up.status)
-            ctype = up.header(b"content-type", JSON) or JSON
             status = up.status
+            note_status(ep, status)
+            ctype = up.header(b"content-type", JSON) or JSON
             if status < 300 and ctype.startswith(b"text/event-stream"):
                 handed = True   # the stream holds the lease now
                 return Opened(ep, up, ctype, lease)
@@ -264,15 +266,11 @@ class UnionPath(RequestPath):
         finally:
             if not handed:
                 lease.release()
-        return self._whole(ep, up, status, ctype, data)
-
-    def _whole(self, ep: EndpointState, up: UpstreamResponse, status: int, ctype: bytes,
-               data: bytes) -> Whole | Retry:
-        """A whole answer: for the client, or a retryable status to try elsewhere."""
+        # a whole answer: for the client, or a retryable status to try elsewhere
         retry_after = up.header(b"retry-after")
         extra = ((b"retry-after", retry_after),) if retry_after is not None else ()
         answer = Whole(status, ctype, data, extra)
-        if status >= 400 and retryable_status(status, up.headers, self.s.retry_statuses):
+        if status >= 400 and retryable_status(status, up.headers, s.retry_statuses):
             metrics.RETRIES.labels(f"status_{status}").inc()
             return Retry(f"{ep.url}: answered {status}", answer)
         return answer

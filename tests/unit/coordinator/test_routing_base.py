@@ -243,3 +243,24 @@ def test_completion_max_tokens_absent_is_16_null_is_unbounded() -> None:
     chat = StreamRecovery(True, {"messages": [], "stream": True, "max_tokens": 50,
                                  "max_completion_tokens": 10})
     assert chat.remaining() == 10
+
+
+def test_inflight_gauge_reads_the_live_count() -> None:
+    from motor.coordinator import metrics
+    pool = Pool("127.0.0.1", 9)
+    try:
+        ep = EndpointState("gauge-i", "m", Role.UNION, "127.0.0.1", 9, 0, pool)
+        labels = {"instance": "gauge-i", "endpoint": ep.url}
+
+        def sample() -> float | None:
+            return metrics.REGISTRY.get_sample_value("motor_coordinator_inflight_requests",
+                                                     labels)
+        assert sample() == 0.0
+        a, b = ep.lease(1, 0, 0), ep.lease(1, 0, 0)
+        assert sample() == 2.0
+        a.release()
+        b.release()
+        assert sample() == 0.0
+    finally:
+        metrics.INFLIGHT.remove("gauge-i", ep.url)
+        pool.close()
