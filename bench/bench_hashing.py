@@ -14,6 +14,8 @@ import pytest
 
 from motor._fast import hashing
 
+pytestmark = pytest.mark.fast_core
+
 N_TOKENS = 1 << 20
 
 
@@ -24,28 +26,28 @@ def tokens():
 
 
 @pytest.mark.parametrize("block_size", [16, 128], ids=lambda b: f"tokens={N_TOKENS},block_size={b}")
-def test_block_hashes(benchmark, tokens, block_size):
+def test_block_hashes(benchmark, rate, tokens, block_size):
     benchmark.group = "hashing.block_hashes"
     out = benchmark(hashing.block_hashes, tokens, block_size)
     assert len(out) == N_TOKENS // block_size
-    benchmark.extra_info["tokens_per_s"] = N_TOKENS / benchmark.stats.stats.median
+    rate("tokens_per_s", N_TOKENS, digits=None)
 
 
 @pytest.mark.parametrize("block_size", [16, 128], ids=lambda b: f"tokens={N_TOKENS},block_size={b}")
-def test_block_hashes_into(benchmark, tokens, block_size):
+def test_block_hashes_into(benchmark, rate, tokens, block_size):
     benchmark.group = "hashing.block_hashes_into"
     out = np.empty(N_TOKENS // block_size, dtype=np.uint64)
     benchmark(hashing.block_hashes_into, tokens, block_size, out)
-    benchmark.extra_info["tokens_per_s"] = N_TOKENS / benchmark.stats.stats.median
+    rate("tokens_per_s", N_TOKENS, digits=None)
 
 
 @pytest.mark.parametrize("n_tokens", [2048, 32768], ids=lambda n: f"tokens={n},block_size=16")
-def test_block_hashes_prompt(benchmark, tokens, n_tokens):
+def test_block_hashes_prompt(benchmark, rate, tokens, n_tokens):
     """One prompt per call, including the Python call and result allocation."""
     benchmark.group = "hashing.block_hashes_prompt"
     t = tokens[:n_tokens].copy()
     benchmark(hashing.block_hashes, t, 16)
-    benchmark.extra_info["tokens_per_s"] = n_tokens / benchmark.stats.stats.median
+    rate("tokens_per_s", n_tokens, digits=None)
 
 
 def test_hash_block(benchmark, tokens):

@@ -1,6 +1,7 @@
 """KV-aware routing on simulated engines: cached-token share and TTFT per policy.
 
-Not a pytest-benchmark suite: an end-to-end run with real processes on 127.0.0.1.
+Not a pytest-benchmark suite (`pytest bench/` does not collect it): an end-to-end run with
+real processes on 127.0.0.1.
 4 ``motor sim`` union instances (KV events on ZMQ, prefix caching, cached tokens in
 usage) behind one ``motor coordinator`` (standalone ``--backend``), driven by
 ``motor bench --dataset multi-turn``. Policies compared at the same load:

@@ -29,6 +29,8 @@ import pytest
 
 from motor.http.client import Pool
 
+pytestmark = pytest.mark.proxy
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PER_ROUND = 2000
 CONCURRENCY = 32

@@ -33,6 +33,8 @@ import pytest
 from motor._fast import radix
 from motor._fast.hashing import block_hashes
 
+pytestmark = pytest.mark.fast_core
+
 N_INSTANCES = 64
 N_PROMPTS = 256
 PROMPT_BLOCKS = 2048
@@ -47,6 +49,8 @@ def _chains(seed, n_chains, n_blocks):
 
 
 def _percentiles(benchmark):
+    if benchmark.stats is None:      # --benchmark-disable
+        return
     data = np.asarray(benchmark.stats.stats.data)
     benchmark.extra_info["p50_us"] = round(float(np.percentile(data, 50)) * 1e6, 2)
     benchmark.extra_info["p99_us"] = round(float(np.percentile(data, 99)) * 1e6, 2)
@@ -116,7 +120,7 @@ def test_match_miss(benchmark, world):
     _percentiles(benchmark)
 
 
-def test_store_ingest(benchmark):
+def test_store_ingest(benchmark, rate):
     """Fresh index, 1M new blocks in calls of 512 blocks (one KV event each)."""
     benchmark.group = "radix.store"
     benchmark.name = "store[blocks=1M,per_call=512,new]"
@@ -132,20 +136,20 @@ def test_store_ingest(benchmark):
             store(k & 63, k % 3, 0, c, 1.0)
 
     benchmark.pedantic(ingest, setup=setup, rounds=5, iterations=1)
-    benchmark.extra_info["blocks_per_s"] = round(total / benchmark.stats.stats.median)
+    rate("blocks_per_s", total)
 
 
-def test_store_refresh(benchmark, world):
+def test_store_refresh(benchmark, rate, world):
     """Re-storing a held 2048-block prompt (approximate mode after each request)."""
     benchmark.group = "radix.store"
     benchmark.name = "store[blocks=2048,held,index=1M]"
     ix, prompts = world
     q = prompts[1]
     benchmark(ix.store, 1, radix.TIER_DEVICE, 0, q, 0.0)
-    benchmark.extra_info["blocks_per_s"] = round(PROMPT_BLOCKS / benchmark.stats.stats.median)
+    rate("blocks_per_s", PROMPT_BLOCKS)
 
 
-def test_remove_then_store(benchmark, world):
+def test_remove_then_store(benchmark, rate, world):
     """Remove 512 blocks of a chain and store them back (event churn)."""
     benchmark.group = "radix.remove"
     benchmark.name = "remove+store[blocks=512,index=1M]"
@@ -158,7 +162,7 @@ def test_remove_then_store(benchmark, world):
         ix.store(inst, radix.TIER_DEVICE, 0, q)
 
     benchmark(churn)
-    benchmark.extra_info["blocks_per_s"] = round(2 * 512 / benchmark.stats.stats.median)
+    rate("blocks_per_s", 2 * 512)
 
 
 def test_clear(benchmark):

@@ -23,6 +23,8 @@ import pytest
 
 from motor._fast.ring import RECORD_USER, Ring
 
+pytestmark = pytest.mark.fast_core
+
 N = 200_000
 PAYLOAD = 64
 CAPACITY = 1 << 20
@@ -90,13 +92,13 @@ def _consume_batch(ring, conn, n):
 
 
 @pytest.mark.parametrize("api", ["single", "batch"])
-def test_two_process_throughput(benchmark, pair, api):
+def test_two_process_throughput(benchmark, rate, pair, api):
     benchmark.group = "ring.two_process"
     benchmark.name = f"ring[records={N},payload_bytes={PAYLOAD},capacity=1MiB,api={api}]"
     ring, conn = pair
     fn = _consume_single if api == "single" else _consume_batch
     benchmark.pedantic(fn, (ring, conn, N), rounds=7, iterations=1, warmup_rounds=1)
-    benchmark.extra_info["records_per_s"] = round(N / benchmark.stats.stats.median)
+    rate("records_per_s", N)
     assert ring.used_bytes == 0 and ring.overflows == 0
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from motor._fast import scoring
 
+pytestmark = pytest.mark.fast_core
+
 
 def _inputs(n):
     rng = np.random.default_rng(3)
