@@ -106,7 +106,8 @@ FAILOVERS = Counter(
     ["reason"], registry=REGISTRY)
 FAILOVER_REFUSED = Counter(
     "motor_coordinator_failover_refused_total",
-    "Broken streams that could not be continued and ended with an SSE error event, by reason.",
+    "Broken streams that could not be continued and ended with an SSE error event, by reason "
+    "(refused: not continuable; client_error: the engine's in-band 4xx error, passed on).",
     ["reason"], registry=REGISTRY)
 BREAKER_STATE = Gauge(
     "motor_coordinator_breaker_state",
@@ -136,8 +137,8 @@ PD_DECODE = Histogram(
     registry=REGISTRY)
 PD_REQUESTS = Counter(
     "motor_coordinator_pd_requests_total",
-    "PD requests by mode and outcome (ok, prefill_failed, decode_failed, fallback_union, "
-    "no_instance, client_gone).", ["mode", "outcome"], registry=REGISTRY)
+    "PD requests by mode and outcome (ok, prefill_failed, decode_failed, client_error, "
+    "fallback_union, no_instance, client_gone).", ["mode", "outcome"], registry=REGISTRY)
 
 #: ``content-type`` of :func:`render_metrics`' text (Prometheus text exposition 0.0.4)
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"

@@ -66,6 +66,16 @@ _CHAT_ONLY = ("messages", "tools", "tool_choice", "parallel_tool_calls", "functi
 _DONE = b"[DONE]"
 
 
+def _error_status(err: Any) -> int | None:
+    """The HTTP status an in-band error object carries (``code``, as vLLM and SGLang set it),
+    or ``None`` when it carries none."""
+    code = err.get("code") if isinstance(err, dict) else None
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    return code if isinstance(code, int) and not isinstance(code, bool) \
+        and 100 <= code <= 599 else None
+
+
 def retryable_status(status: int, headers: list[tuple[bytes, bytes]],
                      retry_statuses: frozenset[int]) -> bool:
     """Whether an engine's answer ``status`` may be re-sent to another endpoint.
@@ -146,7 +156,7 @@ class StreamRecovery:
 
     __slots__ = ("chat", "body", "client_ids", "prompt_ids", "gen", "leg", "leg_is_cmpl",
                  "leg_base", "finished", "done", "recomputed", "engine_error", "ids_missing",
-                 "blocked", "role_sent", "resp_id", "created", "model", "include_usage",
+                 "blocked", "role_sent", "resp_id", "created", "model", "include_usage", "engine_error_status",
                  "usage_sent", "max_tokens", "min_tokens", "events_out", "finish_reason")
 
     def __init__(self, chat: bool, body: dict[str, Any]) -> None:
@@ -163,6 +173,7 @@ class StreamRecovery:
         self.done = False              # [DONE] reached the client
         self.recomputed = False        # the current leg ended with stop_reason "recomputed"
         self.engine_error: bytes | None = None  # the current leg sent an error event
+        self.engine_error_status: int | None = None   # its ``code``, when an HTTP status
         self.ids_missing = False
         self.blocked: str | None = None
         self.role_sent = False
@@ -229,6 +240,7 @@ class StreamRecovery:
             return raw
         if "error" in obj and "choices" not in obj:
             self.engine_error = raw
+            self.engine_error_status = _error_status(obj["error"])
             return None
         first_leg = self.leg == 0
         if first_leg and self.resp_id is None:
@@ -439,6 +451,7 @@ class StreamRecovery:
         """
         self.recomputed = False
         self.engine_error = None
+        self.engine_error_status = None
         self.leg += 1
         self.leg_base = len(self.gen)
         if self.prompt_ids is None:
@@ -447,9 +460,9 @@ class StreamRecovery:
         b = {k: v for k, v in self.body.items() if not (self.chat and k in _CHAT_ONLY)}
         b["prompt"] = self.prompt_ids + self.gen
         b.pop("max_completion_tokens", None)
-        rem = self.remaining()
-        if rem is not None:
-            b["max_tokens"] = rem
+        # what the request had left; no limit stays no limit: an explicit null (the rest of
+        # the context), since /v1/completions without max_tokens stops at vLLM's 16 (case N05)
+        b["max_tokens"] = self.remaining()
         if self.min_tokens:
             b["min_tokens"] = max(0, self.min_tokens - len(self.gen))
         b["return_token_ids"] = True
@@ -486,12 +499,14 @@ class Verdict:
     :data:`CONTINUE` (send ``body`` to ``path`` on another instance). ``reason``: how the
     leg ended (the ``failovers_total`` label on CONTINUE: broken, engine_error, recomputed,
     restart). ``engine_ok``: whether the leg counts for its endpoint's breaker (a
-    ``recomputed`` preemption, or a finished stream whose transport was fine)."""
+    ``recomputed`` preemption, a client error, or a finished stream whose transport was
+    fine). ``status``: what a REFUSE counts as (the in-band error's 4xx, else 502)."""
 
-    __slots__ = ("action", "reason", "engine_ok", "tail", "why", "path", "body")
+    __slots__ = ("action", "reason", "engine_ok", "tail", "why", "path", "body", "status")
 
     def __init__(self, action: str, reason: str, engine_ok: bool, tail: bytes | None = b"",
-                 why: str | None = None, path: bytes = b"", body: bytes = b"") -> None:
+                 why: str | None = None, path: bytes = b"", body: bytes = b"",
+                 status: int = 502) -> None:
         self.action = action
         self.reason = reason
         self.engine_ok = engine_ok
@@ -499,6 +514,7 @@ class Verdict:
         self.why = why
         self.path = path
         self.body = body
+        self.status = status
 
 
 def after_leg(rec: StreamRecovery | None, err: BaseException | None, *, legs: int,
@@ -529,6 +545,13 @@ def after_leg(rec: StreamRecovery | None, err: BaseException | None, *, legs: in
             return Verdict(END, reason, err is None)
         if reason == "finished":
             return Verdict(END, reason, err is None, rec.tail_after_finish())
+    own = rec.engine_error if rec is not None else None
+    st = rec.engine_error_status if rec is not None else None
+    if reason == "engine_error" and own is not None and st is not None and 400 <= st < 500:
+        # the engine refused the request itself (an oversize prompt...): another engine would
+        # too, and it says nothing of this one's health (case N04): passed on, not retried
+        return Verdict(REFUSE, reason, True, own + b"\n\n" + SSE_DONE,
+                       f"the engine refused the request ({st})", status=st)
     engine_ok = reason == "recomputed"
     why: str | None
     if legs >= max_continuations:
@@ -540,7 +563,6 @@ def after_leg(rec: StreamRecovery | None, err: BaseException | None, *, legs: in
     else:
         why = None
     if why is not None:
-        own = rec.engine_error if rec is not None else None
         # the engine's error event (one line, kept without its blank line), then [DONE]
         tail = own + b"\n\n" + SSE_DONE if own is not None and own.startswith(b"data:") \
             else None

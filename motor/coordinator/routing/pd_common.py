@@ -527,13 +527,16 @@ class PdPath(RequestPath):
             PD_REQUESTS.labels(self.name, "ok").inc()
             return
         if v.action == REFUSE:
-            metrics.FAILOVER_REFUSED.labels("refused").inc()
+            client_error = v.status < 500
+            metrics.FAILOVER_REFUSED.labels("client_error" if client_error else "refused").inc()
             msg = (f"decode instance {ep.instance_id} failed mid-stream ({err or v.reason}); "
                    f"not continued: {v.why}")
-            logger.warning("PD stream from %s ended early: %s", ep.url, msg)
-            resp.end(v.tail if v.tail is not None else sse_error_event(502, msg))
-            route.count(502)
-            PD_REQUESTS.labels(self.name, "decode_failed").inc()
+            logger.log(logging.INFO if client_error else logging.WARNING,
+                       "PD stream from %s ended early: %s", ep.url, msg)
+            resp.end(v.tail if v.tail is not None else sse_error_event(v.status, msg))
+            route.count(v.status)
+            PD_REQUESTS.labels(self.name, "client_error" if client_error
+                               else "decode_failed").inc()
             return
         metrics.FAILOVERS.labels(v.reason).inc()
         ctx.avoid.add(ep)

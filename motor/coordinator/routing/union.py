@@ -335,12 +335,14 @@ class UnionPath(RequestPath):
             resp.end(v.tail or b"")
             return 200
         if v.action == REFUSE:
-            metrics.FAILOVER_REFUSED.labels("refused").inc()
+            client_error = v.status < 500
+            metrics.FAILOVER_REFUSED.labels("client_error" if client_error else "refused").inc()
             msg = f"engine {ep.instance_id} failed mid-stream ({err or v.reason}); " \
                   f"not continued: {v.why}"
-            logger.warning("stream from %s ended early: %s", ep.url, msg)
-            resp.end(v.tail if v.tail is not None else sse_error_event(502, msg))
-            return 502
+            logger.log(logging.INFO if client_error else logging.WARNING,
+                       "stream from %s ended early: %s", ep.url, msg)
+            resp.end(v.tail if v.tail is not None else sse_error_event(v.status, msg))
+            return v.status
         return v
 
     async def _next_leg(self, p: Parsed, resp: Response, leg: Opened, v: Verdict,

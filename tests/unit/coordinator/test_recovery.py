@@ -204,9 +204,12 @@ def test_default_max_tokens_of_completions_is_vllms():
     r = StreamRecovery(False, {"prompt": "a", "stream": True})
     r.feed(ev(cmpl_chunk("x", [1], prompt=[7])))
     assert orjson.loads(r.continuation(b"/v1/completions")[1])["max_tokens"] == 15
+    # a chat without a limit continues as a completion with an explicit null (the rest of
+    # the context): without the key, /v1/completions would stop at vLLM's 16 (case N05)
     r = StreamRecovery(True, {"messages": [], "stream": True})
     r.feed(ev(chat_chunk("x", [1], prompt=[7])))
-    assert "max_tokens" not in orjson.loads(r.continuation(b"/v1/chat/completions")[1])
+    cont = orjson.loads(r.continuation(b"/v1/chat/completions")[1])
+    assert "max_tokens" in cont and cont["max_tokens"] is None
 
 
 # -- end to end: the coordinator in front of in-process simulators ------------------------

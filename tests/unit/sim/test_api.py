@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import socket
 
-from .helpers import get_json, post_json, request, stream_events, wait_until
+from .helpers import SimThread, get_json, post_json, request, stream_events, wait_until
 
 
 def _completion(sim, **body):
@@ -310,3 +310,15 @@ def test_dead_engine_loop_fails_requests_and_health(model_dir):
         assert status == 503
         status, d = post_json(s.port, "/v1/completions", {"prompt": "x", "max_tokens": 3})
         assert status == 503
+
+
+def test_completion_explicit_null_max_tokens_is_the_rest_of_the_context(model_dir):
+    # vLLM's CompletionRequest: max_tokens absent = 16, an explicit null = up to the context
+    # length (a mid-stream failover continuation relies on it, case N05)
+    with SimThread(model_dir, engine={"time_scale": 0.0, "max_model_len": 64}) as s:
+        status, d = post_json(s.port, "/v1/completions",
+                              {"model": "motor-sim", "prompt": "hello", "max_tokens": None})
+        assert status == 200, d
+        assert d["usage"]["prompt_tokens"] == 5 and d["usage"]["completion_tokens"] == 64 - 5
+        status, d = post_json(s.port, "/v1/completions", {"model": "motor-sim", "prompt": "hello"})
+        assert status == 200 and d["usage"]["completion_tokens"] == 16
