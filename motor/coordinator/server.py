@@ -5,7 +5,8 @@ The request path of each mode lives in :mod:`motor.coordinator.routing` (``union
 
 * ``POST /v1/chat/completions``, ``/v1/completions``: the mode's request path;
 * ``POST /v1/embeddings``, ``/generate`` (SGLang's native API): the union path, passed
-  through;
+  through; the rest of the engines' API (``/v1/responses``, ``/tokenize``, rerank, score,
+  audio...: :data:`motor.coordinator.routing.passthrough.ROUTES`) by model, passed through;
 * ``GET /v1/models``: the models of every routable endpoint, aggregated;
 * ``GET /health``, ``/liveness``, ``/readiness`` (:mod:`motor.coordinator.probes`),
   ``/metrics`` (Prometheus text), ``/instances`` (this worker's endpoint table);
@@ -34,6 +35,7 @@ from motor.coordinator.metrics import render_metrics
 from motor.coordinator.policy import Policy
 from motor.coordinator.routing import UnionPath, make_path
 from motor.coordinator.routing.base import RequestPath, Route, Settings
+from motor.coordinator.routing.passthrough import ROUTES, PassthroughPath
 from motor.http.server import Request, Response, Router
 
 Handler = Callable[[Request, Response], Any]
@@ -66,6 +68,11 @@ class Coordinator:
         r.post("/v1/completions")(self._inference(cmpl, self.path))
         r.post("/v1/embeddings")(self._inference(embed, self.union))
         r.post("/generate")(self._inference(generate, self.union))
+        #: the rest of the engines' API, passed through (routing/passthrough.py)
+        self.passthrough = PassthroughPath(self.settings, table, self.union)
+        for name, route_path in ROUTES:
+            r.post(route_path)(self._inference(Route(name, route_path.encode()),
+                                               self.passthrough))
         r.get("/v1/models")(self._on_models)
         r.get("/health")(probes.health)
         r.get("/liveness")(probes.health)

@@ -9,6 +9,10 @@
 ``pd_bootstrap``     :class:`~.pd_bootstrap.Bootstrap`            ``routing/pd_bootstrap.py``
 ==================== ============================================ ============================
 
+The rest of the engines' API (``/v1/responses``, ``/tokenize``, rerank, score, audio...)
+goes through :class:`~.passthrough.PassthroughPath` (``routing/passthrough.py``) in every
+mode: the union path, by model, with response-id affinity.
+
 Each is a :class:`~.base.RequestPath`: ``await path.handle(route, request, response)``
 answers one inference request exactly once. What they all share (settings, request
 parsing, forwarded headers, whole-body read, SSE relay, engine error bodies) is in

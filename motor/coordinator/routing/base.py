@@ -188,17 +188,22 @@ def json_type(v: object) -> str:
             list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
 
 
-def parse_request(s: Settings, route: Route, req: Request, resp: Response) -> Parsed | None:
+def parse_request(s: Settings, route: Route, req: Request, resp: Response,
+                  fields: dict[str, Any] | None = None) -> Parsed | None:
     """The checks every inference route shares: the body is a JSON object, ``model`` a
     string, ``X-Request-Id`` honoured (made up when absent or empty, 400 above
     :data:`MAX_REQUEST_ID_BYTES`, case B15); headers to forward, with the worker key when one
-    is set. Returns ``None`` after answering 400."""
+    is set. ``fields``: what a body that is not JSON (a multipart form) said of ``model`` and
+    ``stream``, read by the caller. Returns ``None`` after answering 400."""
     t0 = time.perf_counter()
-    try:
-        body = orjson.loads(req.body)
-    except orjson.JSONDecodeError as e:
-        route.fail(resp, 400, f"request body is not valid JSON: {e}")
-        return None
+    if fields is not None:
+        body: Any = fields
+    else:
+        try:
+            body = orjson.loads(req.body)
+        except orjson.JSONDecodeError as e:
+            route.fail(resp, 400, f"request body is not valid JSON: {e}")
+            return None
     if not isinstance(body, dict):
         route.fail(resp, 400, f"request body is expected to be a JSON object, "
                               f"got {json_type(body)}")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from motor.config.schema import Role
 from motor.coordinator import metrics
@@ -35,6 +36,7 @@ from motor.coordinator.policy import Policy, RequestInfo
 from motor.coordinator.recovery import (END, REFUSE, StreamRecovery, Verdict, after_leg,
                                         continuable, inject_token_ids, retryable_status)
 from motor.coordinator.routing.base import (JSON, Headers, Parsed, RequestPath, Route, Settings,
+                                            SseFeed,
                                             engine_error_body, estimate_prompt_tokens,
                                             failure_text, note_status,
                                             parse_request, read_whole, relay_sse, settle_leg,
@@ -48,13 +50,15 @@ logger = logging.getLogger(__name__)
 
 class Load:
     """What a request adds to an endpoint's load counters while it runs there (tokens:
-    prompt estimate + max_tokens; decode_tokens: max_tokens)."""
+    prompt estimate + max_tokens; decode_tokens: max_tokens), and the role of the endpoints
+    that serve it (retries and restarts pick among them)."""
 
-    __slots__ = ("tokens", "decode_tokens")
+    __slots__ = ("tokens", "decode_tokens", "role")
 
-    def __init__(self, tokens: int, decode_tokens: int) -> None:
+    def __init__(self, tokens: int, decode_tokens: int, role: Role = Role.UNION) -> None:
         self.tokens = tokens
         self.decode_tokens = decode_tokens
+        self.role = role
 
 
 class Fail:
@@ -70,13 +74,15 @@ class Fail:
 class Whole:
     """An engine's complete (non-streamed) answer."""
 
-    __slots__ = ("status", "ctype", "data", "headers")
+    __slots__ = ("status", "ctype", "data", "headers", "ep")
 
-    def __init__(self, status: int, ctype: bytes, data: bytes, headers: Headers) -> None:
+    def __init__(self, status: int, ctype: bytes, data: bytes, headers: Headers,
+                 ep: EndpointState) -> None:
         self.status = status
         self.ctype = ctype
         self.data = data
         self.headers = headers
+        self.ep = ep
 
 
 class Opened:
@@ -122,12 +128,26 @@ class UnionPath(RequestPath):
                 return
         candidates = self.table.candidates(Role.UNION, p.model)
         if not candidates:
-            if p.model is not None and not self.table.has_model(p.model):
-                route.fail(resp, 404, f"The model `{p.model}` does not exist.", p.rid_header)
-            else:
-                route.fail(resp, 503, "no ready instance can serve this request"
-                           + (f" (model {p.model})" if p.model else ""), p.rid_header)
+            self.no_candidates(route, resp, p)
             return
+        await self.serve(route, p, resp, candidates)
+
+    def no_candidates(self, route: Route, resp: Response, p: Parsed) -> None:
+        """404 when no endpoint serves ``p.model``, else 503 (none routable now)."""
+        if p.model is not None and not self.table.has_model(p.model):
+            route.fail(resp, 404, f"The model `{p.model}` does not exist.", p.rid_header)
+        else:
+            route.fail(resp, 503, "no ready instance can serve this request"
+                       + (f" (model {p.model})" if p.model else ""), p.rid_header)
+
+    async def serve(self, route: Route, p: Parsed, resp: Response,
+                    candidates: list[EndpointState], retry_also: frozenset[int] = frozenset(),
+                    tap: Callable[[EndpointState], SseFeed] | None = None) -> Fail | Whole | None:
+        """Answer ``p`` from ``candidates`` (their first attempt; retries rebuild the list of
+        their role).
+        ``retry_also``: statuses this request retries elsewhere besides the configured ones;
+        ``tap(ep)``: a feed over a stream's events from ``ep`` (not continuable streams).
+        Returns the answer sent when it was not a stream (``Whole.ep`` says whose)."""
         info = RequestInfo(p.model, estimate_prompt_tokens(p.body, len(p.raw)), p.max_tokens)
         if self.policy.uses_prefix:  # kv_affinity: routing key = the tokenized request
             self.policy.prepare(info, route.name, p.body)
@@ -135,19 +155,21 @@ class UnionPath(RequestPath):
             rec, with_ids, why_not = self._recovery(route, p)
         else:
             rec, with_ids, why_not = None, p.raw, "not a stream"
-        load = Load(info.prompt_tokens + p.max_tokens, p.max_tokens)
+        load = Load(info.prompt_tokens + p.max_tokens, p.max_tokens, candidates[0].role)
         try:
             res = await self.dispatch(route.path, p.raw, with_ids, p.fwd, info, load, set(),
-                                      p.stream, candidates)
+                                      p.stream, candidates, retry_also)
         except asyncio.CancelledError:
             metrics.CLIENT_DISCONNECTS.labels("before_answer").inc()
             raise
         if isinstance(res, Fail):
             route.fail(resp, res.status, res.message, p.rid_header)
-        elif isinstance(res, Whole):
+            return res
+        if isinstance(res, Whole):
             self._answer_whole(route, p, resp, res)
-        else:
-            await self._stream(route, p, resp, res, rec, info, load, why_not)
+            return res
+        await self._stream(route, p, resp, res, rec, info, load, why_not, tap)
+        return None
 
     def _recovery(self, route: Route, p: Parsed
                   ) -> tuple[StreamRecovery | None, bytes, str]:
@@ -177,7 +199,8 @@ class UnionPath(RequestPath):
     async def dispatch(self, path: bytes, raw: bytes, with_ids: bytes,
                        fwd: list[tuple[bytes, bytes]], info: RequestInfo, load: Load,
                        tried: set[EndpointState], stream: bool,
-                       first: list[EndpointState] | None = None) -> Fail | Whole | Opened:
+                       first: list[EndpointState] | None = None,
+                       retry_also: frozenset[int] = frozenset()) -> Fail | Whole | Opened:
         """Send the request to an endpoint, retrying on another one (bounded, with backoff)
         while nothing reached the client. A streamed answer comes back open
         (:class:`Opened`); any other answer is read whole. ``with_ids``: the body with
@@ -192,7 +215,7 @@ class UnionPath(RequestPath):
             if attempt:
                 await s.pause(attempt)
             candidates = first if attempt == 0 and first is not None else \
-                self.table.candidates(Role.UNION, info.model)
+                self.table.candidates(load.role, info.model)
             if not candidates:
                 break
             ep = self.policy.pick(candidates, info, tried)
@@ -201,7 +224,7 @@ class UnionPath(RequestPath):
             tried.add(ep)
             n_tried += 1
             body = with_ids if with_ids is not raw and s.ids_for(ep) else raw
-            res = await self._attempt(ep, path, body, fwd, info, load, stream)
+            res = await self._attempt(ep, path, body, fwd, info, load, stream, retry_also)
             if not isinstance(res, Retry):
                 return res
             last_error = res.error
@@ -214,7 +237,7 @@ class UnionPath(RequestPath):
 
     async def _attempt(self, ep: EndpointState, path: bytes, body: bytes,
                        fwd: list[tuple[bytes, bytes]], info: RequestInfo, load: Load,
-                       stream: bool) -> Fail | Whole | Opened | Retry:
+                       stream: bool, retry_also: frozenset[int]) -> Fail | Whole | Opened | Retry:
         s = self.s
         lease = ep.lease(load.tokens, info.prefill_tokens, load.decode_tokens)
         self.policy.routed(ep, info)
@@ -269,8 +292,9 @@ class UnionPath(RequestPath):
         # a whole answer: for the client, or a retryable status to try elsewhere
         retry_after = up.header(b"retry-after")
         extra = ((b"retry-after", retry_after),) if retry_after is not None else ()
-        answer = Whole(status, ctype, data, extra)
-        if status >= 400 and retryable_status(status, up.headers, s.retry_statuses):
+        answer = Whole(status, ctype, data, extra, ep)
+        if status >= 400 and (status in retry_also
+                              or retryable_status(status, up.headers, s.retry_statuses)):
             metrics.RETRIES.labels(f"status_{status}").inc()
             return Retry(f"{ep.url}: answered {status}", answer)
         return answer
@@ -278,7 +302,8 @@ class UnionPath(RequestPath):
     # -- streams ----------------------------------------------------------------------
     async def _stream(self, route: Route, p: Parsed, resp: Response, leg: Opened,
                       rec: StreamRecovery | None, info: RequestInfo, load: Load,
-                      why_not: str) -> None:
+                      why_not: str, tap: Callable[[EndpointState], SseFeed] | None = None
+                      ) -> None:
         """Relay a streamed answer, continuing it on another instance when its engine fails
         (``rec`` set) or restarting it while no event reached the client; ends exactly once."""
         resp.start(200, content_type=leg.ctype, headers=p.rid_header)
@@ -289,7 +314,8 @@ class UnionPath(RequestPath):
         try:
             while cur is not None:
                 leg = cur
-                err, wrote = await relay_sse(leg.up, resp, rec, route, p.t0, not wrote_any,
+                feed = rec if rec is not None or tap is None else tap(leg.ep)
+                err, wrote = await relay_sse(leg.up, resp, feed, route, p.t0, not wrote_any,
                                              self.s.idle_timeout_s,
                                              on_prefill_done=leg.lease.prefill_done)
                 wrote_any = wrote_any or wrote
