@@ -4,9 +4,10 @@ The request path of each mode lives in :mod:`motor.coordinator.routing` (``union
 ``pd_*.py``); this module maps the OpenAI routes onto it:
 
 * ``POST /v1/chat/completions``, ``/v1/completions``: the mode's request path;
-* ``POST /v1/embeddings``, ``/generate`` (SGLang's native API): the union path, passed
-  through; the rest of the engines' API (``/v1/responses``, ``/tokenize``, rerank, score,
-  audio...: :data:`motor.coordinator.routing.passthrough.ROUTES`) by model, passed through;
+* ``POST /v1/embeddings`` and the rest of the engines' API (``/v1/responses``,
+  ``/tokenize``, rerank, score, audio...: :data:`motor.coordinator.routing.passthrough.ROUTES`):
+  by model, passed through; ``/generate`` (SGLang's native API): the bootstrap handshake in
+  ``pd_bootstrap``, passed through in the other modes;
 * ``GET /v1/models``: the models of every routable endpoint, aggregated;
 * ``GET /health``, ``/liveness``, ``/readiness`` (:mod:`motor.coordinator.probes`),
   ``/metrics`` (Prometheus text), ``/instances`` (this worker's endpoint table);
@@ -28,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from motor.config.schema import CoordinatorConfig
+from motor.config.schema import CoordinatorConfig, DeploymentMode
 from motor.coordinator import probes
 from motor.coordinator.endpoints import EndpointTable
 from motor.coordinator.metrics import render_metrics
@@ -66,10 +67,12 @@ class Coordinator:
         r = self.router = Router()
         r.post("/v1/chat/completions")(self._inference(chat, self.path))
         r.post("/v1/completions")(self._inference(cmpl, self.path))
-        r.post("/v1/embeddings")(self._inference(embed, self.union))
-        r.post("/generate")(self._inference(generate, self.union))
         #: the rest of the engines' API, passed through (routing/passthrough.py)
         self.passthrough = PassthroughPath(self.settings, table, self.union)
+        r.post("/v1/embeddings")(self._inference(embed, self.passthrough))
+        # SGLang's native API: disaggregated in pd_bootstrap, passed through elsewhere
+        r.post("/generate")(self._inference(
+            generate, self.path if cfg.mode == DeploymentMode.PD_BOOTSTRAP else self.passthrough))
         for name, route_path in ROUTES:
             r.post(route_path)(self._inference(Route(name, route_path.encode()),
                                                self.passthrough))

@@ -1,9 +1,11 @@
 """``pd_bootstrap``: SGLang's disaggregation (mini_lb / sgl-model-gateway ``pd_router``).
 
-P and D get the same body at once, plus ``bootstrap_host`` (P's host),
+P and D get the same body at once (OpenAI routes and SGLang's native ``/generate``), plus
+``bootstrap_host`` (P's host),
 ``bootstrap_port`` (P's ``--disaggregation-bootstrap-port``, from its registration or
 else its ``GET /server_info`` ``disaggregation_bootstrap_port``) and ``bootstrap_room``
-(random in ``[0, 2**63)``). A batch (``prompt`` as a list of prompts) or ``n`` > 1
+(random in ``[0, 2**63)``). A batch (``prompt`` as a list of prompts; ``/generate``'s
+``text`` list or ``input_ids`` list of lists) or ``n`` > 1
 gets lists of that length with a distinct room each, like the gateway's
 ``inject_bootstrap_fields``. D's answer streams to the client; P's answer is read and
 dropped. P failing before D's first byte ends D at once (D would wait for KV that never
@@ -33,11 +35,23 @@ def new_room() -> int:
 
 
 def batch_size(body: dict[str, Any]) -> int | None:
-    """Items the engine runs for this body, when more than one (None: scalar fields)."""
+    """Items the engine runs for this body, when more than one (None: scalar fields).
+
+    OpenAI bodies: a list of prompts, or ``n`` > 1. SGLang's native ``/generate``: ``text``
+    as a list, ``input_ids`` as a list of lists, or ``sampling_params.n`` > 1 (the fields
+    sglang's ``GenerateReqInput`` batches on)."""
     p = body.get("prompt")
     if isinstance(p, list) and p and not isinstance(p[0], int):
         return len(p)
+    text = body.get("text")
+    if isinstance(text, list):
+        return len(text)
+    ids = body.get("input_ids")
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        return len(ids)
     n = body.get("n")
+    if n is None and isinstance(body.get("sampling_params"), dict):
+        n = body["sampling_params"].get("n")
     if isinstance(n, int) and not isinstance(n, bool) and n > 1:
         return n
     return None

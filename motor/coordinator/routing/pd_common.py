@@ -246,8 +246,8 @@ class PdPath(RequestPath):
         asked for token ids (``return_token_ids`` in both legs' body; not for SGLang decode
         instances unless ``failover.request_token_ids: always``)."""
         s = self.s
-        if not (ctx.stream and s.failover_on):
-            return
+        if not (ctx.stream and s.failover_on and ctx.route.name in ("chat", "completions")):
+            return        # SGLang's native /generate streams are not OpenAI chunks
         why = continuable(ctx.chat, ctx.body)
         if why is not None:
             logger.debug("request %s: no mid-stream failover (%s)", ctx.rid.decode("latin-1"),
