@@ -219,6 +219,8 @@ class EndpointTable:
         self._by_role: dict[Role, list[EndpointState]] = {r: [] for r in Role}
         self.changed = asyncio.Event()
         self.breaker_cfg = BreakerConfig()
+        #: model names known to be LoRA adapters (shared with the KV router's request key)
+        self.adapters: set[str] = set()
 
     def configure_breakers(self, cfg: BreakerConfig) -> None:
         """Breaker settings for every endpoint, present and future."""
@@ -410,8 +412,9 @@ class StaticBackends:
             ok, why = False, f"/health failed: {type(e).__name__}: {e}"
         if ok:
             self._fails[ep.key] = 0
-            if not ep.models:
-                await self._learn_models(ep)
+            # every probe: an engine's models change at run time (a LoRA adapter loaded or
+            # unloaded, the engine restarted with another model: case N12)
+            await self._learn_models(ep)
             self.table.set_ready(ep, True, why)
         else:
             n = self._fails.get(ep.key, 0) + 1
@@ -425,7 +428,12 @@ class StaticBackends:
                                                             self.timeout_s)
             if status == 200:
                 data = orjson.loads(body).get("data") or []
-                ep.models = {m["id"] for m in data if isinstance(m, dict) and "id" in m}
+                entries = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+                if entries:
+                    ep.models = {m["id"] for m in entries}
+                    # vLLM lists a LoRA adapter with its base model as "parent"
+                    self.table.adapters.update(
+                        m["id"] for m in entries if m.get("parent") not in (None, m["id"]))
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - a backend without /v1/models serves any model name

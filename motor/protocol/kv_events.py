@@ -32,6 +32,8 @@ means device. Any other string stays visibly unknown (``None``); the caller deci
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
@@ -74,6 +76,7 @@ class BlockStored(NamedTuple):
     block_size: int
     medium: str | None = None
     lora_name: str | None = None
+    lora_id: int | None = None
 
 
 class BlockRemoved(NamedTuple):
@@ -138,9 +141,14 @@ def _decode_event(ev: Any, where: str) -> KvEvent:
             raise WireError(f"{where}: {len(hashes)} block(s) of {block_size} tokens expected "
                             f"{len(hashes) * block_size} token ids, got {len(token_ids)}")
         medium = get("medium")
+        lora_name = get("lora_name")
+        lora_id = get("lora_id")
         return BlockStored(hashes, None if parent is None else _hash_key(parent),
                            list(token_ids), block_size,
-                           medium if isinstance(medium, str) else None, get("lora_name"))
+                           medium if isinstance(medium, str) else None,
+                           lora_name if isinstance(lora_name, str) and lora_name else None,
+                           lora_id if isinstance(lora_id, int) and not isinstance(lora_id, bool)
+                           and lora_id > 0 else None)
     if kind == "BlockRemoved":
         medium = get("medium")
         return BlockRemoved(_hashes(get("block_hashes"), where),
@@ -307,3 +315,17 @@ def subscriber_address(engine: str, endpoint: str, host: str, replay: str | None
             ep = ep.replace(f"//{wild}:", f"//{host}:")
         return ep
     return KvEventsAddress(concrete(endpoint), not binds, concrete(replay) if replay else None)
+
+
+@functools.lru_cache(maxsize=1024)
+def adapter_salt(lora: str | None) -> int:
+    """The ``extra`` of motor's block hashes for blocks computed under a LoRA adapter
+    (:func:`motor._fast.hashing.block_hashes`): 0 for the base model, else a stable 64-bit
+    value of the adapter's name (BLAKE2b, never 0), so an adapter's blocks and the base
+    model's never share a hash (vLLM salts its own block hashes with the LoRA name the same
+    way, vLLM PR #27211). Engine events name the adapter (``lora_name``); requests name it as
+    their ``model``."""
+    if not lora:
+        return 0
+    v = int.from_bytes(hashlib.blake2b(lora.encode(), digest_size=8).digest(), "little")
+    return v or 1

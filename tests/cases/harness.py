@@ -101,6 +101,8 @@ class FB:
     def __init__(self, models: tuple[str, ...] = ("m",), behave: Behave | None = None,
                  tokens: int = 5, token_delay_s: float = 0.0) -> None:
         self.models = models
+        #: the whole /v1/models list when set (e.g. LoRA adapters with "parent")
+        self.model_entries: list[dict[str, Any]] | None = None
         self.behave: Behave = behave or default_behave
         self.tokens = tokens
         self.token_delay_s = token_delay_s
@@ -138,8 +140,9 @@ class FB:
             if self.models_refused:
                 resp.abort()
                 return
-            resp.send(200, orjson.dumps({"object": "list", "data": [
-                {"id": m, "object": "model", "created": 0, "owned_by": "fb"} for m in self.models]}))
+            entries = self.model_entries or [
+                {"id": m, "object": "model", "created": 0, "owned_by": "fb"} for m in self.models]
+            resp.send(200, orjson.dumps({"object": "list", "data": entries}))
             return
         if p == "/metrics":
             resp.send(200, b"", content_type=b"text/plain")

@@ -29,7 +29,8 @@ import numpy as np
 from motor._fast.hashing import block_hashes
 from motor._fast.radix import PrefixIndex
 from motor.protocol.kv_events import (
-    TIER_DISK, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, tier_of_medium)
+    TIER_DISK, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, adapter_salt,
+    tier_of_medium)
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +189,11 @@ class KvIngest:
             self._drop(st, "orphan", 1)
             return 0
         tier = self._tier(st, ev.medium)
-        mh = block_hashes(np.asarray(ev.token_ids, dtype=np.uint32), bs, parent)
+        # blocks computed under a LoRA adapter hash apart from the base model's (case N12);
+        # an adapter known only by its id (older vLLM) matches no request: never credited
+        lora = ev.lora_name or (f"lora-id:{ev.lora_id}" if ev.lora_id else None)
+        mh = block_hashes(np.asarray(ev.token_ids, dtype=np.uint32), bs, parent,
+                          adapter_salt(lora))
         m = st.maps[tier]
         k = ev.block_size // bs
         if k == 1:

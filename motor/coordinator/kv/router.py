@@ -30,7 +30,7 @@ from motor.config.schema import ApproximateMode, KvApproximateConfig, KvRoutingC
 from motor.coordinator import metrics
 from motor.coordinator.kv.ingest import KvIngest
 from motor.coordinator.tokenize import TokenizeError, Tokenizers
-from motor.protocol.kv_events import N_TIERS, TIER_DEVICE
+from motor.protocol.kv_events import N_TIERS, TIER_DEVICE, adapter_salt
 
 if TYPE_CHECKING:
     from motor.coordinator.endpoints import EndpointState
@@ -99,6 +99,9 @@ class KvRouter:
         self._out = np.zeros((MAX_INSTANCES, N_TIERS), np.int32)
         self._out2 = np.zeros((MAX_INSTANCES, N_TIERS), np.int32)
         self._warned_tok: set[str] = set()
+        #: model names that are LoRA adapters (their blocks hash apart): the endpoint
+        #: table's set, learned from the engines' /v1/models (``parent`` set)
+        self.adapters: set[str] = set()
         self._next_gauges = 0.0
         self._gauges_pending = False
 
@@ -199,8 +202,10 @@ class KvRouter:
                                "such requests are routed on load alone", route, model, e)
             return None
         # a list goes straight to the hasher (converted in C: ~1.5 ns a token, against ~13 ns
-        # for np.asarray of a list)
-        return len(ids), block_hashes(ids, self.block_size)
+        # for np.asarray of a list); a LoRA adapter's blocks hash apart (case N12)
+        name = body.get("model")
+        salt = adapter_salt(name) if self.adapters and name in self.adapters else 0
+        return len(ids), block_hashes(ids, self.block_size, 0, salt)
 
     def match(self, hashes: npt.NDArray[np.uint64], group: str | None) -> npt.NDArray[np.int32]:
         """int32[MAX_INSTANCES, 3]: leading cached blocks per slot and fastest tier
