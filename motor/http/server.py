@@ -343,7 +343,14 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- internals ----------------------------------------------------------
     def _start(self, req: Request) -> None:
-        resp = Response(self, req.keep_alive and not self._server.draining, req.http10)
+        if self._server.draining:
+            # shutting down: a request that arrives now (kept-alive or pipelined connection)
+            # is answered 503 at once, never started and cut at the drain deadline (case N10)
+            resp = Response(self, False, req.http10)
+            self._current = resp
+            resp.send(503, error_body(503, "the server is shutting down; retry elsewhere"))
+            return
+        resp = Response(self, req.keep_alive, req.http10)
         self._current = resp
         self._task = asyncio.ensure_future(self._run(req, resp))
 
@@ -375,8 +382,8 @@ class HttpProtocol(asyncio.Protocol):
     def response_done(self, resp: Response) -> None:
         self._task = None
         self._current = None
-        if not resp.keep_alive:
-            self.close()
+        if not resp.keep_alive or self._server.draining:
+            self.close()      # draining: the connection goes with its last answer
             return
         if self._queue and not self.closed:
             self._start(self._queue.popleft())
