@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import itertools
 
+import openai
 import orjson
 
 from motor.config.schema import Role
@@ -48,7 +49,13 @@ async def engine(fb, req, resp, e):
             await resp.drain()
         resp.end()
         return
-    resp.send(200, orjson.dumps({"path": e.path, "sha": sha, "served_by": fb.port}))
+    if e.path == "/v1/embeddings":
+        resp.send(200, orjson.dumps({"object": "list", "model": "m", "data": [
+            {"object": "embedding", "index": 0, "embedding": [0.25, 0.5]}],
+            "usage": {"prompt_tokens": 1, "total_tokens": 1}}))
+        return
+    resp.send(200, orjson.dumps({"path": e.path, "sha": sha, "served_by": fb.port,
+                                 "text": f"served by {fb.port}"}))
 
 
 def _fb(models=("m",)) -> FB:
@@ -147,4 +154,37 @@ async def test_unknown_previous_response_is_found_on_its_engine():
     finally:
         await gw.stop()
         for fb in (a, b):
+            await fb.stop()
+
+
+@run_async
+async def test_openai_sdk_calls():
+    a, b, w = _fb(), _fb(), _fb(("whisper",))
+    gw = await _gateway([a, b, w])
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key="none",
+                                max_retries=0)
+    try:
+        r = await client.responses.create(model="m", input="hi")
+        assert r.id.startswith("resp_") and r.output_text == "hello"
+        kinds = [ev.type async for ev in await client.responses.create(model="m", input="hi",
+                                                                        stream=True)]
+        assert kinds == ["response.created", "response.output_text.delta", "response.completed"]
+        for _ in range(3):
+            follow = await client.responses.create(model="m", input="more",
+                                                   previous_response_id=r.id)
+            assert follow.id != r.id
+        emb = await client.embeddings.create(model="m", input="hello", encoding_format="float")
+        assert emb.data[0].embedding == [0.25, 0.5]
+        tr = await client.audio.transcriptions.create(model="whisper",
+                                                      file=("a.wav", b"RIFF\x00\x01", "audio/wav"))
+        assert tr.text == f"served by {w.port}"
+        try:
+            await client.responses.create(model="nope", input="hi")
+            raise AssertionError("an unknown model was served")
+        except openai.NotFoundError as e:
+            assert e.status_code == 404
+    finally:
+        await client.close()
+        await gw.stop()
+        for fb in (a, b, w):
             await fb.stop()

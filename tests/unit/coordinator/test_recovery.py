@@ -222,11 +222,12 @@ from motor.sim.server import SimServer  # noqa: E402
 from tests.support.gateway import Gateway, http, run_async  # noqa: E402
 
 
-async def sims(tmp_path, n: int) -> list[SimServer]:
+async def sims(tmp_path, n: int, **engine) -> list[SimServer]:
     out = []
     for _ in range(n):
         s = SimServer(SimOptions(host="127.0.0.1", port=0, model_dir=str(tmp_path / "tok"),
-                                 engine=EngineConfig(time_scale=0.0, context_keyed_text=True)))
+                                 engine=EngineConfig(time_scale=0.0, context_keyed_text=True,
+                                                     **engine)))
         s.port = await s.start()
         out.append(s)
     return out
@@ -280,6 +281,34 @@ async def test_stream_continues_on_another_sim_with_the_same_text(tmp_path, faul
         assert out.count(b"[DONE]") == 1 and out.endswith(b"data: [DONE]\n\n")
         assert b"recomputed" not in out
         assert gw.inflight() == 0
+    finally:
+        await gw.stop()
+        for s in (a, b):
+            await s.stop(drain_timeout_s=0.2)
+
+
+@run_async
+async def test_chat_without_max_tokens_continues_to_the_end_of_the_context(tmp_path):
+    # case N05 on the simulator: no limit stays no limit after a failover (the continuation
+    # is a completion with max_tokens null, not the completions default of 16)
+    a, b = await sims(tmp_path, 2, max_model_len=160)
+    gw = await Gateway([(Role.UNION, "127.0.0.1", s.port) for s in (a, b)]).start()
+    try:
+        req = {"model": "motor-sim", "stream": True, "seed": 3, "ignore_eos": True,
+               "stream_options": {"include_usage": True},
+               "messages": [{"role": "user", "content": "tell me everything"}]}
+        st, _, ref = await http(b.port, "POST", "/v1/chat/completions", orjson.dumps(req))
+        ref_text, ref_usage, _ = texts_and_usage(ref, True)
+        assert st == 200 and ref_usage is not None
+        assert ref_usage["completion_tokens"] == 160 - ref_usage["prompt_tokens"] > 40
+        await http(a.port, "POST", "/admin/fault", b'{"mode":"drop_after","tokens":9,"count":1}')
+        before = metrics.FAILOVERS.labels("broken")._value.get()
+        st, _, out = await http(gw.port, "POST", "/v1/chat/completions", orjson.dumps(req))
+        assert metrics.FAILOVERS.labels("broken")._value.get() == before + 1   # a broke it
+        text, usage, errors = texts_and_usage(out, True)
+        assert st == 200 and not errors
+        assert text == ref_text and usage == ref_usage
+        assert out.count(b"[DONE]") == 1
     finally:
         await gw.stop()
         for s in (a, b):
