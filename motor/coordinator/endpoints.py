@@ -41,7 +41,7 @@ class EndpointState:
     __slots__ = ("key", "instance_id", "model", "models", "role", "engine", "host", "port",
                  "dp_rank", "url", "ready", "breaker", "inflight",
                  "inflight_tokens", "inflight_prefill_tokens", "inflight_decode_tokens", "pool",
-                 "kv_events", "bootstrap_port", "waiting", "_gauge", "shared")
+                 "kv_events", "bootstrap_port", "waiting", "_gauge", "shared", "max_model_len")
 
     def __init__(self, instance_id: str, model: str | None, role: Role, host: str, port: int,
                  dp_rank: int, pool: Pool, engine: EngineKind | None = None,
@@ -70,6 +70,8 @@ class EndpointState:
         self.pool = pool
         self.kv_events = kv_events
         self.bootstrap_port = bootstrap_port
+        #: the engine's context length (its /v1/models ``max_model_len``), when learned
+        self.max_model_len: int | None = None
         gauge = metrics.INFLIGHT.labels(instance_id, self.url)
         # one process: the gauge reads the count at scrape time (no lock taken per request);
         # multiprocess mode exports only what is set, so it is counted as it changes there
@@ -378,12 +380,41 @@ class ControllerWatcher:
         self.poll_timeout_s = poll_timeout_s
         self.client = Client(max_connections_per_endpoint=4, connect_timeout_s=2.0)
         self.synced = asyncio.Event()
+        self._learning: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        await follow_controller(self.client, self.host, self.port, self.table.apply,
+        await follow_controller(self.client, self.host, self.port, self._apply,
                                 self.synced, self.poll_timeout_s)
 
+    def _apply(self, table: InstanceTable) -> None:
+        self.table.apply(table)
+        for ep in self.table.endpoints.values():
+            if ep.ready and ep.max_model_len is None and not any(
+                    t.get_name() == ep.key for t in self._learning):
+                t = asyncio.ensure_future(self._learn_context(ep))
+                t.set_name(ep.key)
+                self._learning.add(t)
+                t.add_done_callback(self._learning.discard)
+
+    async def _learn_context(self, ep: EndpointState) -> None:
+        """The engine's context length from its ``/v1/models`` (``max_model_len``, vLLM and
+        motor sim), once per endpoint: a failover continuation of a request without a length
+        bound asks for the rest of the context."""
+        try:
+            status, body = await self.client.get_json_bytes(ep.host, ep.port, "/v1/models", 5.0)
+            if status == 200:
+                lens = [m["max_model_len"] for m in orjson.loads(body).get("data") or []
+                        if isinstance(m, dict) and isinstance(m.get("max_model_len"), int)]
+                if lens:
+                    ep.max_model_len = min(lens)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - unknown: a continuation then sends max_tokens null
+            pass
+
     def close(self) -> None:
+        for t in self._learning:
+            t.cancel()
         self.client.close()
 
 
@@ -431,6 +462,10 @@ class StaticBackends:
                 entries = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
                 if entries:
                     ep.models = {m["id"] for m in entries}
+                    lens = [m["max_model_len"] for m in entries
+                            if isinstance(m.get("max_model_len"), int)]
+                    if lens:
+                        ep.max_model_len = min(lens)
                     # vLLM lists a LoRA adapter with its base model as "parent"
                     self.table.adapters.update(
                         m["id"] for m in entries if m.get("parent") not in (None, m["id"]))

@@ -443,11 +443,14 @@ class StreamRecovery:
             return "the engine did not return the prompt's token ids"
         return None
 
-    def continuation(self, path: bytes) -> tuple[bytes, bytes]:
+    def continuation(self, path: bytes, max_model_len: int | None = None
+                     ) -> tuple[bytes, bytes]:
         """(path, body) of the next leg; starts the leg's bookkeeping.
 
         Before any token id is known (the engine died before its first chunk) the next
-        leg is the original request again on ``path``.
+        leg is the original request again on ``path``. ``max_model_len``: the engines'
+        context length (their ``/v1/models``), for a request without a length bound: the
+        continuation then asks for what is left of the context (else ``max_tokens: null``).
         """
         self.recomputed = False
         self.engine_error = None
@@ -460,9 +463,13 @@ class StreamRecovery:
         b = {k: v for k, v in self.body.items() if not (self.chat and k in _CHAT_ONLY)}
         b["prompt"] = self.prompt_ids + self.gen
         b.pop("max_completion_tokens", None)
-        # what the request had left; no limit stays no limit: an explicit null (the rest of
-        # the context), since /v1/completions without max_tokens stops at vLLM's 16 (case N05)
-        b["max_tokens"] = self.remaining()
+        # what the request had left; no limit stays no limit (case N05): /v1/completions
+        # without max_tokens stops at vLLM's 16 (and vLLM 0.32 reads null the same way), so
+        # the rest of the context when the engines' length is known, else an explicit null
+        rem = self.remaining()
+        if rem is None and max_model_len is not None:
+            rem = max(1, max_model_len - len(b["prompt"]))
+        b["max_tokens"] = rem
         if self.min_tokens:
             b["min_tokens"] = max(0, self.min_tokens - len(self.gen))
         b["return_token_ids"] = True
@@ -519,14 +526,16 @@ class Verdict:
 
 def after_leg(rec: StreamRecovery | None, err: BaseException | None, *, legs: int,
               max_continuations: int, wrote_any: bool, path: bytes, raw: bytes = b"",
-              why_not: str = "") -> Verdict:
+              why_not: str = "", max_model_len: int | None = None) -> Verdict:
     """The one failover decision, once a leg's events are relayed.
 
     ``rec``: the stream's recovery state (``None``: not continuable, ``why_not`` says
     why); ``err``: the transport error that ended the leg (an idle timeout is the caller's:
     it ends the stream with 504 before asking); ``legs``: continuations so far;
     ``wrote_any``: whether an event reached the client; ``path`` / ``raw``: the request to
-    send again when a stream without recovery broke before its first event.
+    send again when a stream without recovery broke before its first event;
+    ``max_model_len``: the engine's context length when known (a continuation of a request
+    without a length bound asks for the rest of it).
 
     A stream without recovery ends when its engine ended it, is restarted whole while
     nothing reached the client, else refused. A recoverable one ends at ``[DONE]`` or after
@@ -572,7 +581,7 @@ def after_leg(rec: StreamRecovery | None, err: BaseException | None, *, legs: in
     rem = rec.remaining()
     if rem is not None and rem <= 0:
         return Verdict(END, reason, engine_ok, rec.length_tail())
-    path, body = rec.continuation(path)
+    path, body = rec.continuation(path, max_model_len)
     if not wrote_any and reason == "broken":
         reason = "restart"
     return Verdict(CONTINUE, reason, engine_ok, path=path, body=body)

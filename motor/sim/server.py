@@ -500,8 +500,8 @@ class SimServer:
                            f"This model's maximum context length is {L} tokens and your "
                            f"request has {p} input tokens ({max_tokens} > {L} - {p}).",
                            "max_tokens")
-        if max_tokens is None and not chat and "max_tokens" not in body:
-            # vLLM's CompletionRequest: absent = 16, an explicit null = the rest of the context
+        if max_tokens is None and not chat:
+            # vLLM's CompletionRequest: absent or null = 16 (measured on vLLM 0.32)
             max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
         stop_ids = body.get("stop_token_ids") or []
         if not isinstance(stop_ids, list) or not all(

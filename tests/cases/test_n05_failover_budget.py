@@ -1,7 +1,8 @@
 """N05: a stream continued on another engine keeps the request's token budget. A chat
-without a limit continues with "no limit" (an explicit ``max_tokens: null``: the rest of the
-context), not with ``/v1/completions``' default of 16; a limit continues with what is left;
-a completion without a limit keeps vLLM's 16. Usage counts every generated token."""
+without a limit continues with the rest of the context (the engines' ``max_model_len`` from
+``/v1/models`` minus prompt and generated tokens), not with ``/v1/completions``' default of
+16; a limit continues with what is left; a completion without a limit keeps vLLM's 16.
+Usage counts every generated token."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +11,7 @@ import orjson
 import pytest
 
 from tests.cases.harness import (FB, chat_chunk, cluster, cmpl_chunk, content, run_async, sse,
-                                 stream, write_events)
+                                 stream, wait_for, write_events)
 
 PROMPT_IDS = [1, 2, 3, 4, 5]
 EOS_AT = 200                 # the scripted answer ends (EOS, "stop") after 200 tokens
@@ -62,11 +63,20 @@ async def vllm_like(fb: FB, req, resp, e) -> None:
     resp.end(b"data: [DONE]\n\n")
 
 
+MAX_MODEL_LEN = 4096
+
+
 def _fbs(break_after: int) -> list[FB]:
     fbs = [FB(behave=vllm_like) for _ in range(2)]
     for fb in fbs:
         fb.break_after = break_after  # type: ignore[attr-defined]
+        # vLLM's /v1/models: the context length the gateway continues an unbounded chat with
+        fb.model_entries = [{"id": "m", "object": "model", "max_model_len": MAX_MODEL_LEN}]
     return fbs
+
+
+def _learned(gw) -> bool:
+    return all(e.max_model_len == MAX_MODEL_LEN for e in gw.table.endpoints.values())
 
 
 def _finish(payloads: list[bytes]) -> str | None:
@@ -94,7 +104,8 @@ def _continuation(fbs: list[FB]) -> dict[str, Any]:
     return legs[0].json
 
 
-@pytest.mark.parametrize("limit,expect,sent", [(None, 200, None), (120, 120, 110)],
+@pytest.mark.parametrize("limit,expect,sent",
+                         [(None, 200, MAX_MODEL_LEN - len(PROMPT_IDS) - 10), (120, 120, 110)],
                          ids=["chat_no_limit", "chat_max_tokens_120"])
 @run_async
 async def test_chat_continuation_keeps_the_budget(limit, expect, sent):
@@ -102,7 +113,8 @@ async def test_chat_continuation_keeps_the_budget(limit, expect, sent):
                             "stream": True, "stream_options": {"include_usage": True}}
     if limit is not None:
         body["max_tokens"] = limit
-    async with cluster(fbs=_fbs(10)) as (fbs, gw):
+    async with cluster(fbs=_fbs(10), probe=True, health_check_interval_s=0.05) as (fbs, gw):
+        assert await wait_for(lambda: _learned(gw))
         st, _, payloads, _ = await stream(gw.port, "/v1/chat/completions", orjson.dumps(body))
         assert st == 200 and payloads[-1] == b"[DONE]" and payloads.count(b"[DONE]") == 1
         assert len(content(payloads)) == expect
@@ -115,7 +127,8 @@ async def test_chat_continuation_keeps_the_budget(limit, expect, sent):
 @run_async
 async def test_completion_without_limit_keeps_vllms_16():
     body = {"model": "m", "prompt": "x", "stream": True, "stream_options": {"include_usage": True}}
-    async with cluster(fbs=_fbs(5)) as (fbs, gw):
+    async with cluster(fbs=_fbs(5), probe=True, health_check_interval_s=0.05) as (fbs, gw):
+        assert await wait_for(lambda: _learned(gw))
         st, _, payloads, _ = await stream(gw.port, "/v1/completions", orjson.dumps(body))
         assert st == 200 and payloads[-1] == b"[DONE]"
         assert len(content(payloads)) == 16

@@ -100,6 +100,30 @@ def test_chat_continues_exactly_as_a_completion_of_its_token_ids(tmp_path: Path)
                 full += c["delta"].get("content") or ""
         assert full == text
         assert out.endswith(b"data: [DONE]\n\n")
+
+        # a chat without max_tokens (the rest of the context): its continuation asks for the
+        # rest of the context (max_model_len from /v1/models); vLLM's /v1/completions would
+        # stop at 16 without max_tokens, and with max_tokens null too (case N05)
+        models = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models",
+                                                   timeout=30).read())
+        max_len = models["data"][0]["max_model_len"]
+        assert max_len == 2048
+        nolimit = {k: v for k, v in chat.items() if k != "max_tokens"}
+        ev = sse(post(port, "/v1/chat/completions", dict(nolimit, return_token_ids=True)))
+        text = "".join(c["delta"].get("content") or "" for e in ev for c in e["choices"])
+        n_gen = sum(len(c.get("token_ids") or []) for e in ev for c in e["choices"])
+        assert n_gen > 100                          # far past the completions default of 16
+        r = StreamRecovery(True, nolimit)
+        out = b""
+        for e in ev:
+            out += r.feed(b"data: " + json.dumps(e).encode() + b"\n\n")
+            if len(r.gen) >= k:
+                break
+        path, body = r.continuation(b"/v1/chat/completions", max_len)
+        assert json.loads(body)["max_tokens"] == max_len - len(prompt_ids) - k
+        out += r.feed(post(port, path.decode(), json.loads(body)))
+        full = "".join(c["delta"].get("content") or "" for e in sse(out) for c in e["choices"])
+        assert full == text and len(r.gen) == n_gen
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         try:

@@ -350,7 +350,8 @@ class UnionPath(RequestPath):
                                           f"({self.s.idle_timeout_s:g} s)"))
             return 504
         v = after_leg(rec, err, legs=legs, max_continuations=self.s.max_continuations,
-                      wrote_any=wrote_any, path=route.path, raw=p.raw, why_not=why_not)
+                      wrote_any=wrote_any, path=route.path, raw=p.raw, why_not=why_not,
+                      max_model_len=ep.max_model_len)
         settle_leg(ep, err, v.engine_ok)
         if v.action == END and err is None:
             resp.end(v.tail or b"")

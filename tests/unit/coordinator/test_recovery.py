@@ -2,6 +2,8 @@
 rewriting across legs (chat and completions)."""
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
 
@@ -290,10 +292,16 @@ async def test_stream_continues_on_another_sim_with_the_same_text(tmp_path, faul
 @run_async
 async def test_chat_without_max_tokens_continues_to_the_end_of_the_context(tmp_path):
     # case N05 on the simulator: no limit stays no limit after a failover (the continuation
-    # is a completion with max_tokens null, not the completions default of 16)
+    # asks for the rest of the context, not for the completions default of 16)
     a, b = await sims(tmp_path, 2, max_model_len=160)
-    gw = await Gateway([(Role.UNION, "127.0.0.1", s.port) for s in (a, b)]).start()
+    gw = await Gateway([(Role.UNION, "127.0.0.1", s.port) for s in (a, b)], probe=True,
+                       health_check_interval_s=0.05).start()
     try:
+        for _ in range(200):   # the probes learn the engines' context length (/v1/models)
+            if all(e.max_model_len == 160 for e in gw.table.endpoints.values()):
+                break
+            await asyncio.sleep(0.02)
+        assert all(e.max_model_len == 160 for e in gw.table.endpoints.values())
         req = {"model": "motor-sim", "stream": True, "seed": 3, "ignore_eos": True,
                "stream_options": {"include_usage": True},
                "messages": [{"role": "user", "content": "tell me everything"}]}

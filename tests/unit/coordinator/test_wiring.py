@@ -122,3 +122,43 @@ def test_kv_router_calls_on_routed_after_an_approximate_insertion():
 def test_render_metrics_of_this_process(monkeypatch):
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     assert b"motor_coordinator_requests_total" in render_metrics()
+
+
+def test_controller_watcher_learns_each_endpoints_context_length() -> None:
+    """Controller mode: the engine's max_model_len (its /v1/models) is fetched once per
+    endpoint, for failover continuations of requests without a length bound."""
+    import asyncio
+
+    import orjson as _orjson
+
+    from motor.config.schema import EngineKind, Role
+    from motor.coordinator.endpoints import ControllerWatcher, EndpointTable
+    from motor.http.client import Client
+    from motor.http.server import HttpServer, Request, Response
+    from motor.protocol.instances import Endpoint, Instance, InstanceState, InstanceTable
+
+    async def engine(req: Request, resp: Response) -> None:
+        resp.send(200, _orjson.dumps({"object": "list", "data": [
+            {"id": "m", "object": "model", "max_model_len": 3072}]}))
+
+    async def main() -> None:
+        srv = HttpServer(engine)
+        port = await srv.listen("127.0.0.1", 0)
+        client = Client()
+        table = EndpointTable(client)
+        w = ControllerWatcher(table, "http://127.0.0.1:9")
+        try:
+            w._apply(InstanceTable(version=1, instances=[Instance(
+                id="i", model="m", role=Role.UNION, engine=EngineKind.VLLM, node="n",
+                endpoints=[Endpoint(host="127.0.0.1", port=port)], state=InstanceState.READY)]))
+            (ep,) = table.endpoints.values()
+            for _ in range(100):
+                if ep.max_model_len is not None:
+                    break
+                await asyncio.sleep(0.02)
+            assert ep.max_model_len == 3072
+        finally:
+            w.close()
+            client.close()
+            await srv.shutdown(0.5)
+    asyncio.run(main())
