@@ -6,7 +6,10 @@ of docs/faults.md checked on the engine itself.
 * a ``/v1/completions`` request with prompt = those prompt ids + the first k generated ids
   (greedy) continues with exactly the ids and text the uninterrupted chat produced;
 * :class:`StreamRecovery` cut after k tokens and continued that way gives the client the
-  uninterrupted chat text, with no token ids or ``prompt_text`` shown.
+  uninterrupted chat text, with no token ids or ``prompt_text`` shown; also for a chat
+  without ``max_tokens`` (continued with the rest of the context);
+* ``/tokenize`` and ``/v1/responses`` (whole, streamed, ``previous_response_id``) through a
+  standalone coordinator with the official openai client.
 
 Slow lane (``-m real_engine``); skipped without the vLLM CPU venv (see test_real_vllm.py).
 """
@@ -54,7 +57,10 @@ def test_chat_continues_exactly_as_a_completion_of_its_token_ids(tmp_path: Path)
                           "--enforce-eager", "--max-model-len", "2048", "--block-size", "32",
                           "--kv-cache-memory-bytes", str(8 * 1024 * 1024),
                           "--disable-uvicorn-access-log"],
-                         env=dict(os.environ, **ENGINE_ENV), stdout=log, stderr=log,
+                         # stored responses (previous_response_id): vLLM keeps them only
+                         # with VLLM_ENABLE_RESPONSES_API_STORE=1
+                         env=dict(os.environ, **ENGINE_ENV, VLLM_ENABLE_RESPONSES_API_STORE="1"),
+                         stdout=log, stderr=log,
                          start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -124,6 +130,7 @@ def test_chat_continues_exactly_as_a_completion_of_its_token_ids(tmp_path: Path)
         out += r.feed(post(port, path.decode(), json.loads(body)))
         full = "".join(c["delta"].get("content") or "" for e in sse(out) for c in e["choices"])
         assert full == text and len(r.gen) == n_gen
+        _engine_routes_through_motor(port, tmp_path)
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         try:
@@ -131,4 +138,49 @@ def test_chat_continues_exactly_as_a_completion_of_its_token_ids(tmp_path: Path)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        log.close()
+
+
+def _engine_routes_through_motor(engine_port: int, tmp_path: Path) -> None:
+    """/tokenize and /v1/responses (whole, streamed, previous_response_id) of the real engine
+    through a standalone coordinator, with the official openai client (issue 18)."""
+    import sys
+
+    import openai
+    gw = free_ports(1)[0]
+    log = open(tmp_path / "coordinator.log", "wb")
+    c = subprocess.Popen([sys.executable, "-m", "motor", "coordinator", "--port", str(gw),
+                          "--backend", f"http://127.0.0.1:{engine_port}"],
+                         stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{gw}/readiness", timeout=1)
+                break
+            except Exception:  # noqa: BLE001
+                assert c.poll() is None and time.monotonic() < deadline, \
+                    (tmp_path / "coordinator.log").read_text()[-3000:]
+                time.sleep(0.2)
+        tok = json.loads(post(gw, "/tokenize", {"model": "tiny", "prompt": "hello"}))
+        direct = json.loads(post(engine_port, "/tokenize", {"model": "tiny", "prompt": "hello"}))
+        assert tok == direct and tok["count"] > 0
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{gw}/v1", api_key="none",
+                               max_retries=0)
+        first = client.responses.create(model="tiny", input="hi", max_output_tokens=5)
+        assert first.id.startswith("resp_") and first.output_text
+        kinds = {ev.type for ev in client.responses.create(model="tiny", input="hi",
+                                                            max_output_tokens=5, stream=True)}
+        assert {"response.created", "response.completed"} <= kinds
+        follow = client.responses.create(model="tiny", input="and then?", max_output_tokens=5,
+                                         previous_response_id=first.id)
+        assert follow.id != first.id and follow.output_text
+        client.close()
+    finally:
+        os.killpg(c.pid, signal.SIGTERM)
+        try:
+            c.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(c.pid, signal.SIGKILL)
+            c.wait()
         log.close()
