@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import orjson
 from prometheus_client import Gauge
@@ -363,6 +364,19 @@ class EndpointTable:
         self._rebuild()
 
 
+def model_entries(body: bytes) -> list[dict[str, Any]]:
+    """The model objects of a ``GET /v1/models`` answer (OpenAI's list: ``data`` of objects
+    with a string ``id``; vLLM adds ``max_model_len``, and ``parent`` for a LoRA adapter)."""
+    data = orjson.loads(body).get("data") or []
+    return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def context_length(entries: list[dict[str, Any]]) -> int | None:
+    """The smallest ``max_model_len`` of the entries (``None`` when none says)."""
+    lens = [m["max_model_len"] for m in entries if isinstance(m.get("max_model_len"), int)]
+    return min(lens) if lens else None
+
+
 class ControllerWatcher:
     """Follows the controller's live instance table with a long poll
     (:func:`motor.coordinator.controller_poll.follow_controller`) into ``table``;
@@ -403,10 +417,7 @@ class ControllerWatcher:
         try:
             status, body = await self.client.get_json_bytes(ep.host, ep.port, "/v1/models", 5.0)
             if status == 200:
-                lens = [m["max_model_len"] for m in orjson.loads(body).get("data") or []
-                        if isinstance(m, dict) and isinstance(m.get("max_model_len"), int)]
-                if lens:
-                    ep.max_model_len = min(lens)
+                ep.max_model_len = context_length(model_entries(body))
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - unknown: a continuation then sends max_tokens null
@@ -458,14 +469,10 @@ class StaticBackends:
             status, body = await self.client.get_json_bytes(ep.host, ep.port, "/v1/models",
                                                             self.timeout_s)
             if status == 200:
-                data = orjson.loads(body).get("data") or []
-                entries = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+                entries = model_entries(body)
                 if entries:
                     ep.models = {m["id"] for m in entries}
-                    lens = [m["max_model_len"] for m in entries
-                            if isinstance(m.get("max_model_len"), int)]
-                    if lens:
-                        ep.max_model_len = min(lens)
+                    ep.max_model_len = context_length(entries)
                     # vLLM lists a LoRA adapter with its base model as "parent"
                     self.table.adapters.update(
                         m["id"] for m in entries if m.get("parent") not in (None, m["id"]))
