@@ -37,6 +37,7 @@ async def test_removed_and_moved_endpoints_drop_pool_and_metric_series():
     assert [e.port for e in t.endpoints.values()] == [39003]
     assert ("127.0.0.1", 39001) not in client._pools
     text = generate_latest(metrics.REGISTRY).decode()
-    assert 'endpoint="http://127.0.0.1:39001"' not in text
-    assert 'endpoint="http://127.0.0.1:39003"' in text
+    # this instance's series (another test's backend may happen to use port 39001 too)
+    assert 'endpoint="http://127.0.0.1:39001",instance="n0/sim/39001"' not in text
+    assert 'endpoint="http://127.0.0.1:39003",instance="n0/sim/39001"' in text
     client.close()
