@@ -20,7 +20,7 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, ClassVar, Protocol
 
 import orjson
@@ -128,13 +128,29 @@ class Route:
         resp.send(status, error_body(status, message), headers=headers)
 
 
+class _Answered:
+    """An awaitable that is already done: what a path's ``handle`` returns when it answered
+    without awaiting anything (a 400, a 404)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        return
+        yield       # a generator that ends at once: ``await ANSWERED`` is None
+
+
+#: the done awaitable (:class:`_Answered`)
+ANSWERED = _Answered()
+
+
 class RequestPath:
-    """A deployment mode's request path: :meth:`handle` answers one inference request,
-    exactly once. ``routes`` lists extra (method, path, handler) the mode serves."""
+    """A deployment mode's request path: ``await path.handle(route, req, resp)`` answers one
+    inference request, exactly once. ``routes`` lists extra (method, path, handler) the mode
+    serves."""
 
     name: ClassVar[str] = ""
 
-    async def handle(self, route: Route, req: Request, resp: Response) -> None:
+    def handle(self, route: Route, req: Request, resp: Response) -> Awaitable[object]:
         raise NotImplementedError
 
     def routes(self) -> list[tuple[str, str, Callable[[Request, Response], Any]]]:
@@ -432,7 +448,7 @@ async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, r
     return None, wrote
 
 
-__all__ = ["FORWARD_HEADERS", "JSON", "KEEPALIVE", "Parsed", "RequestPath", "Route", "Settings",
+__all__ = ["ANSWERED", "FORWARD_HEADERS", "JSON", "KEEPALIVE", "Parsed", "RequestPath", "Route", "Settings",
            "Silence", "SseFeed", "engine_error_body", "estimate_prompt_tokens", "failure_text",
            "is_openai_error", "json_type", "note_status", "parse_request", "past_prefill",
            "read_whole", "relay_sse", "settle_leg", "transport_failed"]

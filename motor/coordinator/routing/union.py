@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from motor.config.schema import Role
 from motor.coordinator import metrics
@@ -35,7 +35,8 @@ from motor.coordinator.endpoints import EndpointState, EndpointTable, Lease, Wai
 from motor.coordinator.policy import Policy, RequestInfo
 from motor.coordinator.recovery import (END, REFUSE, StreamRecovery, Verdict, after_leg,
                                         continuable, inject_token_ids, retryable_status)
-from motor.coordinator.routing.base import (JSON, Headers, Parsed, RequestPath, Route, Settings,
+from motor.coordinator.routing.base import (ANSWERED, JSON, Headers, Parsed, RequestPath, Route,
+                                            Settings,
                                             SseFeed,
                                             engine_error_body, estimate_prompt_tokens,
                                             failure_text, note_status,
@@ -118,19 +119,20 @@ class UnionPath(RequestPath):
         self.table = table
         self.policy = policy
 
-    async def handle(self, route: Route, req: Request, resp: Response,
-                     p: Parsed | None = None) -> None:
+    def handle(self, route: Route, req: Request, resp: Response,
+               p: Parsed | None = None) -> Awaitable[object]:
         """Answer the request from a union instance. ``p``: the request as already parsed
-        (a PD mode falling back to union passes its own)."""
+        (a PD mode falling back to union passes its own). Returns what to await: the
+        :meth:`serve` coroutine itself (no coroutine layer of its own on the hot path)."""
         if p is None:
             p = parse_request(self.s, route, req, resp)
             if p is None:
-                return
+                return ANSWERED
         candidates = self.table.candidates(Role.UNION, p.model)
         if not candidates:
             self.no_candidates(route, resp, p)
-            return
-        await self.serve(route, p, resp, candidates)
+            return ANSWERED
+        return self.serve(route, p, resp, candidates)
 
     def no_candidates(self, route: Route, resp: Response, p: Parsed) -> None:
         """404 when no endpoint serves ``p.model``, else 503 (none routable now)."""
