@@ -57,7 +57,7 @@ class Coordinator:
         self.settings = Settings(cfg)
         table.configure_breakers(cfg.breaker)
         self.ready_source: asyncio.Event | None = None
-        #: the union path (embeddings and /generate go to union instances in every mode)
+        #: the union path (also the PD modes' fallback and the passed-through routes' path)
         self.union = UnionPath(self.settings, table, policy)
         self.path: RequestPath = make_path(cfg, self.settings, table, policy, self.union)
         chat = Route("chat", b"/v1/chat/completions")
