@@ -260,6 +260,13 @@ class EndpointTable:
             out = [e for e in eps if e.ready and e.serves(model)]
         return out
 
+    def context_length(self, model: str | None) -> int | None:
+        """The smallest ``max_model_len`` known among the endpoints serving ``model`` (a
+        continuation may land on any of them), ``None`` when none is known."""
+        lens = [e.max_model_len for e in self.endpoints.values()
+                if e.max_model_len is not None and e.serves(model)]
+        return min(lens) if lens else None
+
     def models(self) -> list[str]:
         names: set[str] = set()
         for e in self.endpoints.values():

@@ -556,7 +556,8 @@ def after_leg(rec: StreamRecovery | None, err: BaseException | None, *, legs: in
             return Verdict(END, reason, err is None, rec.tail_after_finish())
     own = rec.engine_error if rec is not None else None
     st = rec.engine_error_status if rec is not None else None
-    if reason == "engine_error" and own is not None and st is not None and 400 <= st < 500:
+    if reason == "engine_error" and own is not None and st is not None and 400 <= st < 500 \
+            and not (st == 429 and not wrote_any):      # 429 before any content: elsewhere
         # the engine refused the request itself (an oversize prompt...): another engine would
         # too, and it says nothing of this one's health (case N04): passed on, not retried
         return Verdict(REFUSE, reason, True, own + b"\n\n" + SSE_DONE,

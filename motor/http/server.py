@@ -147,6 +147,8 @@ class Response:
                  b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
         for k, v in headers:
             parts += [k, b": ", v, b"\r\n"]
+        if self.keep_alive and self._proto._server.draining:
+            self.keep_alive = False     # shutting down: say the connection goes with this answer
         if not self.keep_alive:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
@@ -175,6 +177,8 @@ class Response:
             parts.append(b"cache-control: no-cache\r\n")
         for k, v in headers:
             parts += [k, b": ", v, b"\r\n"]
+        if self.keep_alive and self._proto._server.draining:
+            self.keep_alive = False
         if not self.keep_alive:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")

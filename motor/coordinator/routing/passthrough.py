@@ -7,7 +7,7 @@ Routes (:data:`ROUTES`; vLLM serves all of them, SGLang several): ``/v1/response
 upstream byte for byte with the forwarded headers; the answer comes back as the engine sent
 it (SSE records with their ``event:`` lines relayed event by event), with the union path's
 retries before the first byte, limits and metrics. Routing is by ``model`` (a JSON field, or
-the ``model`` field of a multipart form), over the union instances, or when there are none
+the ``model`` field of an audio route's multipart form), over the union instances, or when there are none
 (a PD deployment), the decode instances, else the prefill ones. Streams are not continued
 mid-way (no token ids to continue from); one that broke before its first event is restarted.
 
@@ -21,8 +21,6 @@ the id: the 404 retries then find the engine within ``retries.max_attempts`` att
 """
 from __future__ import annotations
 
-import email.parser
-import email.policy
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -49,23 +47,52 @@ MAX_RESPONSE_IDS = 65536
 _RETRY_NOT_FOUND = frozenset((404,))
 
 
+#: routes whose body may be a multipart form (the model is one of its fields)
+FORM_ROUTES = frozenset(("transcriptions", "translations"))
+_FORM_MAX_PARTS = 64
+_FORM_MAX_HEADER = 8192
+_FORM_MAX_VALUE = 1024
+
+
 def form_fields(ctype: bytes, body: bytes) -> dict[str, Any] | None:
-    """``model`` and ``stream`` of a ``multipart/form-data`` body (RFC 7578, read with the
-    standard library's MIME parser), or ``None`` when the body is not such a form."""
+    """``model`` and ``stream`` of a ``multipart/form-data`` body (RFC 7578), or ``None``
+    when the body is not such a form.
+
+    A bounded scan, not a MIME parse: the boundary from ``ctype``, then part by part with
+    ``bytes.find``, reading each part's header block (at most 8 KiB) and only the small
+    values of ``model`` and ``stream``; it stops when both are found or after 64 parts, so
+    a large audio upload costs a few ``find`` calls, whatever its size or shape."""
     if not ctype.lower().startswith(b"multipart/form-data"):
         return None
-    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + ctype + b"\r\n\r\n" + body)
-    if not msg.is_multipart():
+    boundary = b""
+    for param in ctype.split(b";")[1:]:
+        k, _, v = param.strip().partition(b"=")
+        if k.lower() == b"boundary":
+            boundary = v.strip().strip(b'"')
+    if not boundary:
         return None
+    delim = b"--" + boundary
     out: dict[str, Any] = {}
-    for part in msg.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if name in ("model", "stream"):
-            payload = part.get_payload(decode=True)
-            value = payload.decode("utf-8", "replace").strip() \
-                if isinstance(payload, bytes) else ""
-            out[str(name)] = value if name == "model" else value.lower() == "true"
+    pos = body.find(delim)
+    for _ in range(_FORM_MAX_PARTS):
+        if pos < 0 or body.startswith(b"--", pos + len(delim)):
+            break                                  # no more parts / the closing delimiter
+        head_start = pos + len(delim)
+        head_end = body.find(b"\r\n\r\n", head_start, head_start + _FORM_MAX_HEADER)
+        if head_end < 0:
+            break
+        head = body[head_start:head_end].lower()
+        nxt = body.find(b"\r\n" + delim, head_end + 4)
+        name = None
+        for field in (b"model", b"stream"):
+            if b'name="' + field + b'"' in head:
+                name = field.decode()
+        if name is not None and nxt >= 0 and nxt - (head_end + 4) <= _FORM_MAX_VALUE:
+            value = body[head_end + 4:nxt].decode("utf-8", "replace").strip()
+            out[name] = value if name == "model" else value.lower() == "true"
+            if len(out) == 2:
+                break
+        pos = nxt + 2 if nxt >= 0 else -1
     return out
 
 
@@ -123,7 +150,8 @@ class PassthroughPath(RequestPath):
         return []
 
     async def handle(self, route: Route, req: Request, resp: Response) -> None:
-        fields = form_fields(req.header(b"content-type") or b"", req.body)
+        fields = form_fields(req.header(b"content-type") or b"", req.body) \
+            if route.name in FORM_ROUTES else None
         p = parse_request(self.s, route, req, resp, fields)
         if p is None:
             return
@@ -162,4 +190,4 @@ class PassthroughPath(RequestPath):
         return candidates, _RETRY_NOT_FOUND
 
 
-__all__ = ["MAX_RESPONSE_IDS", "ROUTES", "PassthroughPath", "form_fields"]
+__all__ = ["FORM_ROUTES", "MAX_RESPONSE_IDS", "ROUTES", "PassthroughPath", "form_fields"]

@@ -512,7 +512,8 @@ class PdPath(RequestPath):
         :meth:`handle` as a fresh PD request: new prefill, new decode)."""
         resp, route = ctx.resp, ctx.route
         v = after_leg(rec, err, legs=ctx.legs, max_continuations=self.s.max_continuations,
-                      wrote_any=ctx.wrote, path=ctx.path, max_model_len=ep.max_model_len)
+                      wrote_any=ctx.wrote, path=ctx.path,
+                      max_model_len=self.table.context_length(ctx.model))
         settle_leg(ep, err, v.engine_ok)
         if v.action == END and err is None:
             resp.end(v.tail or b"")

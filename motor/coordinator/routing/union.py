@@ -151,7 +151,9 @@ class UnionPath(RequestPath):
         ``tap(ep)``: a feed over a stream's events from ``ep`` (not continuable streams).
         Returns the answer sent when it was not a stream (``Whole.ep`` says whose)."""
         info = RequestInfo(p.model, estimate_prompt_tokens(p.body, len(p.raw)), p.max_tokens)
-        if self.policy.uses_prefix:  # kv_affinity: routing key = the tokenized request
+        if self.policy.uses_prefix and route.name in ("chat", "completions"):
+            # kv_affinity: routing key = the tokenized request (only what the engine prefills
+            # and caches: not /tokenize, /v1/responses and the like)
             self.policy.prepare(info, route.name, p.body)
         if p.stream:
             rec, with_ids, why_not = self._recovery(route, p)
@@ -353,7 +355,7 @@ class UnionPath(RequestPath):
             return 504
         v = after_leg(rec, err, legs=legs, max_continuations=self.s.max_continuations,
                       wrote_any=wrote_any, path=route.path, raw=p.raw, why_not=why_not,
-                      max_model_len=ep.max_model_len)
+                      max_model_len=self.table.context_length(p.model))
         settle_leg(ep, err, v.engine_ok)
         if v.action == END and err is None:
             resp.end(v.tail or b"")
