@@ -183,9 +183,11 @@ class StreamRecovery:
         so = body.get("stream_options")
         self.include_usage = isinstance(so, dict) and bool(so.get("include_usage"))
         self.usage_sent = False
-        # completions: absent = vLLM's default 16, an explicit null = the rest of the context
-        mt = max_tokens_field(body, chat) if chat or "max_tokens" in body \
-            else COMPLETIONS_DEFAULT_MAX_TOKENS
+        # completions: absent or null = vLLM's default 16 (vLLM 0.32 reads an explicit null
+        # like an absent max_tokens, measured on the CPU build); chat: no bound = the context
+        mt = max_tokens_field(body, chat)
+        if mt is None and not chat:
+            mt = COMPLETIONS_DEFAULT_MAX_TOKENS
         self.max_tokens: int | None = mt
         self.min_tokens = body.get("min_tokens") if isinstance(body.get("min_tokens"), int) else 0
         self.events_out = 0            # data events sent to the client
