@@ -37,8 +37,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     kv_feed: KvEventFeed | None = None
     kv_router: KvRouter | None = None
     if c.policy.value == "kv_affinity":
-        kv_router = KvRouter(c.kv)
-        kv_router.adapters = table.adapters   # learned by the table's model probes
+        kv_router = KvRouter(c.kv, adapters=table.adapters)   # learned by the model probes
         if shm is None:
             kv_feed = KvEventFeed(kv_router, table)
         policy = make_policy(c.policy.value, router=kv_router)

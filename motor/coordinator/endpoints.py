@@ -401,7 +401,7 @@ class ControllerWatcher:
         self.poll_timeout_s = poll_timeout_s
         self.client = Client(max_connections_per_endpoint=4, connect_timeout_s=2.0)
         self.synced = asyncio.Event()
-        self._learning: set[asyncio.Task[None]] = set()
+        self._learning: dict[str, asyncio.Task[None]] = {}   # endpoint key -> its fetch
 
     async def run(self) -> None:
         await follow_controller(self.client, self.host, self.port, self._apply,
@@ -409,15 +409,11 @@ class ControllerWatcher:
 
     def _apply(self, table: InstanceTable) -> None:
         self.table.apply(table)
-        for ep in self.table.endpoints.values():
-            if ep.ready and ep.max_model_len is None and not any(
-                    t.get_name() == ep.key for t in self._learning):
-                t = asyncio.ensure_future(self._learn_context(ep))
-                t.set_name(ep.key)
-                self._learning.add(t)
-                t.add_done_callback(self._learning.discard)
+        for key, ep in self.table.endpoints.items():
+            if ep.ready and ep.max_model_len is None and key not in self._learning:
+                self._learning[key] = asyncio.ensure_future(self._learn_context(key, ep))
 
-    async def _learn_context(self, ep: EndpointState) -> None:
+    async def _learn_context(self, key: str, ep: EndpointState) -> None:
         """The engine's context length from its ``/v1/models`` (``max_model_len``, vLLM and
         motor sim), once per endpoint: a failover continuation of a request without a length
         bound asks for the rest of the context."""
@@ -429,9 +425,11 @@ class ControllerWatcher:
             raise
         except Exception:  # noqa: BLE001 - unknown: a continuation then sends max_tokens null
             pass
+        finally:
+            self._learning.pop(key, None)
 
     def close(self) -> None:
-        for t in self._learning:
+        for t in list(self._learning.values()):
             t.cancel()
         self.client.close()
 

@@ -68,7 +68,5 @@ def max_tokens_field(body: dict[str, Any], chat: bool) -> Any:
 def max_tokens_of(body: dict[str, Any], chat: bool) -> int:
     """:func:`max_tokens_field` as an integer for load accounting (0 when absent or not an
     integer; booleans are not integers here)."""
-    v = body.get("max_completion_tokens") if chat else None
-    if v is None:
-        v = body.get("max_tokens")
+    v = max_tokens_field(body, chat)
     return v if type(v) is int and v > 0 else 0   # bool is an int subclass: not counted

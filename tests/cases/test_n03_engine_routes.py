@@ -5,16 +5,13 @@ and a multipart audio transcription routed by its form's ``model``; bodies byte-
 unknown model or path a 404 OpenAI error."""
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import itertools
 
 import openai
 import orjson
 
-from motor.config.schema import Role
-from tests.cases.harness import FB, http, run_async
-from tests.support.gateway import Gateway
+from tests.cases.harness import FB, cluster, http, run_async, wait_for
 
 _ids = itertools.count(1)
 
@@ -64,25 +61,15 @@ def _fb(models=("m",)) -> FB:
     return fb
 
 
-async def _gateway(fbs):
-    for fb in fbs:
-        await fb.start()
-    gw = Gateway([(Role.UNION, "127.0.0.1", fb.port) for fb in fbs], probe=True,
-                 health_check_interval_s=0.2)
-    await gw.start()
-    for _ in range(100):                     # models learned from /v1/models
-        if all(ep.models for ep in gw.table.endpoints.values()) and \
-                all(ep.ready for ep in gw.table.endpoints.values()):
-            break
-        await asyncio.sleep(0.05)
-    return gw
+def _models_learned(gw) -> bool:
+    return all(ep.models and ep.ready for ep in gw.table.endpoints.values())
 
 
 @run_async
 async def test_engine_routes_pass_through():
     a, b, w = _fb(), _fb(), _fb(("whisper",))
-    gw = await _gateway([a, b, w])
-    try:
+    async with cluster(fbs=[a, b, w], probe=True, health_check_interval_s=0.2) as (_, gw):
+        assert await wait_for(lambda: _models_learned(gw))
         hdr = {"content-type": "application/json", "x-request-id": "n03-1"}
         # 1. a stored response, whole; the body reaches one engine byte for byte
         body1 = b'{"model":"m","input":"hi"}'
@@ -130,10 +117,6 @@ async def test_engine_routes_pass_through():
         assert st == 404 and orjson.loads(out)["error"]["code"] == 404
         st, _, out = await http(gw.port, "POST", "/v1/does-not-exist", b"{}", hdr)
         assert st == 404 and orjson.loads(out)["error"]["code"] == 404
-    finally:
-        await gw.stop()
-        for fb in (a, b, w):
-            await fb.stop()
 
 
 @run_async
@@ -141,8 +124,8 @@ async def test_unknown_previous_response_is_found_on_its_engine():
     # another worker created the response: this one does not know it; the 404 of the wrong
     # engine is retried on the next one
     a, b = _fb(), _fb()
-    gw = await _gateway([a, b])
-    try:
+    async with cluster(fbs=[a, b], probe=True, health_check_interval_s=0.2) as (_, gw):
+        assert await wait_for(lambda: _models_learned(gw))
         b.stored.add("resp_elsewhere")
         for _ in range(4):
             st, _, out = await http(gw.port, "POST", "/v1/responses", orjson.dumps(
@@ -151,40 +134,38 @@ async def test_unknown_previous_response_is_found_on_its_engine():
         st, _, out = await http(gw.port, "POST", "/v1/responses", orjson.dumps(
             {"model": "m", "input": "x", "previous_response_id": "resp_nowhere"}))
         assert st == 404 and b"not found" in out        # the engine's own answer, not a 5xx
-    finally:
-        await gw.stop()
-        for fb in (a, b):
-            await fb.stop()
 
 
 @run_async
 async def test_openai_sdk_calls():
     a, b, w = _fb(), _fb(), _fb(("whisper",))
-    gw = await _gateway([a, b, w])
-    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key="none",
-                                max_retries=0)
-    try:
-        r = await client.responses.create(model="m", input="hi")
-        assert r.id.startswith("resp_") and r.output_text == "hello"
-        kinds = [ev.type async for ev in await client.responses.create(model="m", input="hi",
-                                                                        stream=True)]
-        assert kinds == ["response.created", "response.output_text.delta", "response.completed"]
-        for _ in range(3):
-            follow = await client.responses.create(model="m", input="more",
-                                                   previous_response_id=r.id)
-            assert follow.id != r.id
-        emb = await client.embeddings.create(model="m", input="hello", encoding_format="float")
-        assert emb.data[0].embedding == [0.25, 0.5]
-        tr = await client.audio.transcriptions.create(model="whisper",
-                                                      file=("a.wav", b"RIFF\x00\x01", "audio/wav"))
-        assert tr.text == f"served by {w.port}"
+    async with cluster(fbs=[a, b, w], probe=True, health_check_interval_s=0.2) as (_, gw):
+        assert await wait_for(lambda: _models_learned(gw))
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key="none",
+                                    max_retries=0)
         try:
-            await client.responses.create(model="nope", input="hi")
-            raise AssertionError("an unknown model was served")
-        except openai.NotFoundError as e:
-            assert e.status_code == 404
-    finally:
-        await client.close()
-        await gw.stop()
-        for fb in (a, b, w):
-            await fb.stop()
+            await _sdk_calls(client, w)
+        finally:
+            await client.close()
+
+
+async def _sdk_calls(client: openai.AsyncOpenAI, w: FB) -> None:
+    r = await client.responses.create(model="m", input="hi")
+    assert r.id.startswith("resp_") and r.output_text == "hello"
+    kinds = [ev.type async for ev in await client.responses.create(model="m", input="hi",
+                                                                    stream=True)]
+    assert kinds == ["response.created", "response.output_text.delta", "response.completed"]
+    for _ in range(3):
+        follow = await client.responses.create(model="m", input="more",
+                                               previous_response_id=r.id)
+        assert follow.id != r.id
+    emb = await client.embeddings.create(model="m", input="hello", encoding_format="float")
+    assert emb.data[0].embedding == [0.25, 0.5]
+    tr = await client.audio.transcriptions.create(model="whisper",
+                                                  file=("a.wav", b"RIFF\x00\x01", "audio/wav"))
+    assert tr.text == f"served by {w.port}"
+    try:
+        await client.responses.create(model="nope", input="hi")
+        raise AssertionError("an unknown model was served")
+    except openai.NotFoundError as e:
+        assert e.status_code == 404

@@ -8,11 +8,9 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from motor.config.schema import Role
 from motor.coordinator.kv import KvRouter
 from motor.protocol.kv_events import BlockStored, EventBatch
-from tests.cases.harness import FB, http, run_async, wait_for
-from tests.support.gateway import Gateway
+from tests.cases.harness import FB, cluster, http, run_async, wait_for
 
 ADAPTER = {"id": "sql-lora", "object": "model", "root": "/adapters/sql", "parent": "m"}
 BASE = {"id": "m", "object": "model", "root": "m", "parent": None}
@@ -27,11 +25,7 @@ def _chat(model: str) -> bytes:
 async def test_adapter_loaded_and_unloaded_at_run_time():
     a, b = FB(), FB()
     a.model_entries, b.model_entries = [BASE], [BASE]
-    for fb in (a, b):
-        await fb.start()
-    gw = await Gateway([(Role.UNION, "127.0.0.1", a.port), (Role.UNION, "127.0.0.1", b.port)],
-                       probe=True, health_check_interval_s=0.05).start()
-    try:
+    async with cluster(fbs=[a, b], probe=True, health_check_interval_s=0.05) as (_, gw):
         assert await wait_for(lambda: all(e.models for e in gw.table.endpoints.values()))
         st, _, out = await http(gw.port, "POST", "/v1/chat/completions", _chat("sql-lora"))
         assert st == 404 and orjson.loads(out)["error"]["code"] == 404
@@ -51,20 +45,12 @@ async def test_adapter_loaded_and_unloaded_at_run_time():
                                               for e in gw.table.endpoints.values()))
         st, _, _ = await http(gw.port, "POST", "/v1/chat/completions", _chat("sql-lora"))
         assert st == 404
-    finally:
-        await gw.stop()
-        for fb in (a, b):
-            await fb.stop()
 
 
 @run_async
 async def test_engine_restarted_with_another_model():
     a, b = FB(), FB()
-    for fb in (a, b):
-        await fb.start()
-    gw = await Gateway([(Role.UNION, "127.0.0.1", a.port), (Role.UNION, "127.0.0.1", b.port)],
-                       probe=True, health_check_interval_s=0.05).start()
-    try:
+    async with cluster(fbs=[a, b], probe=True, health_check_interval_s=0.05) as (_, gw):
         assert await wait_for(lambda: all(e.models for e in gw.table.endpoints.values()))
         b.models = ("m2",)                              # b now serves m2 instead of m
         assert await wait_for(lambda: any(e.models == {"m2"}
@@ -76,10 +62,6 @@ async def test_engine_restarted_with_another_model():
         assert len(b.log) == n_b                        # m no longer goes to b
         st, _, _ = await http(gw.port, "POST", "/v1/chat/completions", _chat("m2"))
         assert st == 200 and len(b.log) == n_b + 1
-    finally:
-        await gw.stop()
-        for fb in (a, b):
-            await fb.stop()
 
 
 def test_adapter_blocks_are_not_credited_to_the_base_model():

@@ -83,7 +83,8 @@ class KvRouter:
 
     def __init__(self, cfg: KvRoutingConfig | None = None, clock: Any = time.monotonic,
                  on_routed: Callable[[EndpointState, str | None, npt.NDArray[np.uint64]],
-                                     None] | None = None) -> None:
+                                     None] | None = None,
+                 adapters: set[str] | None = None) -> None:
         self.cfg = cfg or KvRoutingConfig()
         self.block_size = self.cfg.block_size
         self.clock = clock
@@ -100,8 +101,8 @@ class KvRouter:
         self._out2 = np.zeros((MAX_INSTANCES, N_TIERS), np.int32)
         self._warned_tok: set[str] = set()
         #: model names that are LoRA adapters (their blocks hash apart): the endpoint
-        #: table's set, learned from the engines' /v1/models (``parent`` set)
-        self.adapters: set[str] = set()
+        #: table's set (``EndpointTable.adapters``, learned from the engines' /v1/models)
+        self.adapters: set[str] = adapters if adapters is not None else set()
         self._next_gauges = 0.0
         self._gauges_pending = False
 

@@ -24,7 +24,8 @@ import orjson
 from motor.config.schema import Role
 from motor.coordinator.endpoints import EndpointState
 from motor.coordinator.metrics import PD_PREFILL, PD_REQUESTS
-from motor.coordinator.routing.base import engine_error_body, note_status, read_whole
+from motor.coordinator.routing.base import (engine_error_body, note_status, read_whole,
+                                            transport_failed)
 from motor.coordinator.routing.pd_common import Ctx, LegFailed, PdPath
 
 logger = logging.getLogger(__name__)
@@ -139,15 +140,13 @@ class Bootstrap(PdPath):
                 status = up.status
                 async with up:
                     data = await read_whole(up, self.prefill_timeout_s)
-            except TimeoutError as e:
-                ep.failed()
+            except (TimeoutError, ConnectionError, OSError) as e:
+                transport_failed(ep, e)      # breaker and upstream_errors, as every leg
                 PD_REQUESTS.labels(self.name, "prefill_failed").inc()
-                raise LegFailed(504, f"prefill instance {ep.instance_id} did not answer within "
-                                     f"{getattr(e, 'timeout_s', self.prefill_timeout_s):g} s") \
-                    from None
-            except (ConnectionError, OSError) as e:
-                ep.failed(certain=isinstance(e, ConnectionRefusedError))
-                PD_REQUESTS.labels(self.name, "prefill_failed").inc()
+                if isinstance(e, TimeoutError):
+                    raise LegFailed(504, f"prefill instance {ep.instance_id} did not answer "
+                                         f"within {getattr(e, 'timeout_s', self.prefill_timeout_s):g}"
+                                         f" s") from None
                 raise LegFailed(502, f"prefill instance {ep.instance_id} failed: "
                                      f"{type(e).__name__}: {e}") from None
         note_status(ep, status)

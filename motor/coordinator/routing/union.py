@@ -38,8 +38,7 @@ from motor.coordinator.recovery import (END, REFUSE, StreamRecovery, Verdict, af
 from motor.coordinator.routing.base import (ANSWERED, JSON, Headers, Parsed, RequestPath, Route,
                                             Settings,
                                             SseFeed,
-                                            engine_error_body, estimate_prompt_tokens,
-                                            failure_text, note_status,
+                                            engine_error_body, failure_text, note_status,
                                             parse_request, read_whole, relay_sse, settle_leg,
                                             transport_failed)
 from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
@@ -150,7 +149,7 @@ class UnionPath(RequestPath):
         ``retry_also``: statuses this request retries elsewhere besides the configured ones;
         ``tap(ep)``: a feed over a stream's events from ``ep`` (not continuable streams).
         Returns the answer sent when it was not a stream (``Whole.ep`` says whose)."""
-        info = RequestInfo(p.model, estimate_prompt_tokens(p.body, len(p.raw)), p.max_tokens)
+        info = p.info()
         if self.policy.uses_prefix and route.name in ("chat", "completions"):
             # kv_affinity: routing key = the tokenized request (only what the engine prefills
             # and caches: not /tokenize, /v1/responses and the like)
