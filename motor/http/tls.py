@@ -1,0 +1,157 @@
+"""TLS for motor's listeners and its upstream connections (Python's :mod:`ssl` over uvloop).
+
+* :func:`server_context`: a server certificate chain and key (the key optionally encrypted,
+  its password read from a file), TLS 1.2 at least, and with ``client_ca_file`` mutual TLS: a
+  client without a certificate signed by that CA fails the handshake.
+* :class:`CertReloader`: re-loads the certificate, key and client CA into the same context
+  when their files change (polled) or on demand (SIGHUP); OpenSSL uses the context's current
+  certificate for each new handshake, so new connections get the new certificate and open
+  connections are not dropped.
+* :func:`client_context`: HTTPS to engines: a CA bundle (default: the system's), verification
+  on unless turned off, an optional client certificate.
+
+Errors are :class:`motor.errors.ConfigError` naming the config field and the file.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+from collections.abc import Callable
+
+from motor.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def _read_password(path: str | None, field: str) -> Callable[[], bytes] | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            pw = f.read().rstrip(b"\r\n")
+    except OSError as e:
+        raise ConfigError(f"{field}: cannot read {path}: {e.strerror}") from None
+    return lambda: pw
+
+
+def _load_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str | None,
+                password_file: str | None, field: str) -> None:
+    pw = _read_password(password_file, f"{field}.key_password_file")
+    for name, path in (("cert_file", cert_file), ("key_file", key_file)):
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"{field}.{name}: expected a readable PEM file, got {path!r} "
+                              f"(no such file)")
+    try:
+        ctx.load_cert_chain(cert_file, key_file or None, password=pw)
+    except ssl.SSLError as e:
+        raise ConfigError(f"{field}: the certificate {cert_file!r} and key "
+                          f"{key_file or cert_file!r} do not load ({e.reason or e}); expected a "
+                          f"PEM chain and its matching private key") from None
+    except OSError as e:
+        raise ConfigError(f"{field}: cannot read {cert_file!r} / {key_file!r}: "
+                          f"{e.strerror}") from None
+
+
+def _load_ca(ctx: ssl.SSLContext, ca_file: str, field: str) -> None:
+    if not os.path.isfile(ca_file):
+        raise ConfigError(f"{field}: expected a readable PEM CA bundle, got {ca_file!r} "
+                          f"(no such file)")
+    try:
+        ctx.load_verify_locations(cafile=ca_file)
+    except (ssl.SSLError, OSError) as e:
+        raise ConfigError(f"{field}: the CA bundle {ca_file!r} does not load: {e}") from None
+
+
+def server_context(cert_file: str, key_file: str | None = None,
+                   key_password_file: str | None = None, client_ca_file: str | None = None,
+                   field: str = "coordinator.tls") -> ssl.SSLContext:
+    """A server-side context: TLS >= 1.2, the chain of ``cert_file`` (PEM, leaf first) with
+    ``key_file`` (PEM; default: in ``cert_file``), mTLS when ``client_ca_file`` is given.
+
+    Raises
+    ------
+    ConfigError
+        naming ``field`` and the file that is missing or does not load.
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    _load_chain(ctx, cert_file, key_file, key_password_file, field)
+    if client_ca_file:
+        _load_ca(ctx, client_ca_file, f"{field}.client_ca_file")
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def client_context(ca_file: str | None = None, verify: bool = True,
+                   cert_file: str | None = None, key_file: str | None = None,
+                   key_password_file: str | None = None,
+                   field: str = "coordinator.upstream_tls") -> ssl.SSLContext:
+    """A client-side context for HTTPS to engines (or to the control plane): TLS >= 1.2,
+    the system's CAs or ``ca_file``, host name checked; ``verify=False`` turns both off
+    (logged once as a warning by the caller); a client certificate for mTLS when given.
+
+    Raises
+    ------
+    ConfigError
+        naming ``field`` and the file that is missing or does not load.
+    """
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if ca_file:
+        _load_ca(ctx, ca_file, f"{field}.ca_file")
+    if not verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if cert_file:
+        _load_chain(ctx, cert_file, key_file, key_password_file, field)
+    return ctx
+
+
+class CertReloader:
+    """Keeps a server context's certificate (and client CA) current with its files.
+
+    :meth:`check` (called every few seconds by the server's housekeeping, and by the SIGHUP
+    handler with ``force=True``) re-loads into the same context when a file's modification
+    time or size changed. A new pair that fails to load is logged and the old one stays.
+    """
+
+    def __init__(self, ctx: ssl.SSLContext, cert_file: str, key_file: str | None = None,
+                 key_password_file: str | None = None, client_ca_file: str | None = None,
+                 field: str = "coordinator.tls") -> None:
+        self.ctx = ctx
+        self.cert_file, self.key_file = cert_file, key_file
+        self.key_password_file, self.client_ca_file = key_password_file, client_ca_file
+        self.field = field
+        self._stamp = self._stat()
+        self.reloads = 0
+
+    def _stat(self) -> tuple[tuple[float, int], ...]:
+        out = []
+        for p in (self.cert_file, self.key_file, self.key_password_file, self.client_ca_file):
+            try:
+                st = os.stat(p) if p else None
+                out.append((st.st_mtime, st.st_size) if st else (0.0, 0))
+            except OSError:
+                out.append((-1.0, -1))
+        return tuple(out)
+
+    def check(self, force: bool = False) -> bool:
+        """Re-load if the files changed (or ``force``); True when new material is in use."""
+        stamp = self._stat()
+        if not force and stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            _load_chain(self.ctx, self.cert_file, self.key_file, self.key_password_file,
+                        self.field)
+            if self.client_ca_file:
+                _load_ca(self.ctx, self.client_ca_file, f"{self.field}.client_ca_file")
+        except ConfigError as e:
+            logger.error("TLS material not reloaded, the previous certificate stays in use: %s",
+                         e)
+            return False
+        self.reloads += 1
+        logger.info("TLS certificate reloaded from %s", self.cert_file)
+        return True
