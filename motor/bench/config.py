@@ -25,7 +25,8 @@ class BenchError(Exception):
 class BenchConfig:
     """One benchmark run.  Lengths are in tokens (= bytes for the simulator).
 
-    ``num_requests=None`` means 100 for ``random``/``shared-prefix`` and every
+    ``url`` is the server's base URL, with or without the OpenAI SDK's ``/v1``
+    (:attr:`base_url`).  ``num_requests=None`` means 100 for ``random``/``shared-prefix`` and every
     turn of every conversation (``num_conversations * turns``) for
     ``multi-turn``.  ``concurrency=None`` means 8 in closed loop and no cap
     when ``request_rate`` is set.  ``model=None`` asks the server
@@ -64,8 +65,27 @@ class BenchConfig:
         return self.endpoint.rstrip("/").endswith("chat/completions")
 
     @property
+    def base_url(self) -> str:
+        """``url`` without a trailing ``/`` or ``/v1``: the OpenAI SDK's ``base_url`` form
+        (``http://host:8000/v1``) names the same server as ``http://host:8000``, and the API
+        paths (``endpoint``, ``/v1/models``) carry the ``/v1``."""
+        url = self.url.rstrip("/")
+        return url.removesuffix("/v1").rstrip("/") if url.endswith("/v1") else url
+
+    @property
+    def models_url(self) -> str:
+        """Where the model list is asked for when ``model`` is None."""
+        return self.base_url + "/v1/models"
+
+    @property
     def target_url(self) -> str:
-        return self.url.rstrip("/") + "/" + self.endpoint.lstrip("/")
+        """Where the requests go: ``base_url`` + ``endpoint`` (``url`` as given + ``endpoint``
+        for an endpoint without the ``/v1``, such as ``--url http://h/v1 --endpoint
+        /completions``)."""
+        path = "/" + self.endpoint.lstrip("/")
+        if path.startswith("/v1/"):
+            return self.base_url + path
+        return self.url.rstrip("/") + path
 
     def validate(self) -> None:
         """Raise :class:`BenchError` naming the first bad field."""

@@ -249,8 +249,9 @@ async def send_request(session: aiohttp.ClientSession, url: str, body: dict[str,
 
 
 async def fetch_model(session: aiohttp.ClientSession, base_url: str, timeout: float = 30.0) -> str:
-    """The first model id of ``GET {base_url}/v1/models``."""
-    url = base_url.rstrip("/") + "/v1/models"
+    """The first model id of ``GET {base_url}/v1/models`` (``base_url`` with or without its
+    ``/v1``: :attr:`BenchConfig.base_url`)."""
+    url = BenchConfig(url=base_url).models_url
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             body = await resp.read()

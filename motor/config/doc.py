@@ -61,7 +61,15 @@ def _default(field: typing.Any) -> str:
 def render() -> str:
     out = ["# Configuration reference", "",
            "Generated from `motor/config/schema.py` by `python -m motor.config.doc`; do not edit.",
-           "Unknown keys are errors. Units are in the names (`_s` seconds, `_bytes` bytes).", ""]
+           "Unknown keys are errors. Units are in the names (`_s` seconds, `_bytes` bytes).", "",
+           "## Rules across fields", "",
+           "Checked when a config is loaded (`motor up`, `controller`, `coordinator`, "
+           "`node-manager`: exit 2 before anything starts); the message names the field(s), "
+           "what was expected and what was received. A config without engines (controller "
+           "or coordinator only) has no role to check.", "",
+           "| fields | rule |", "|---|---|"]
+    out += [f"| {fields} | {rule} |" for fields, rule in schema.CROSS_FIELD_RULES]
+    out.append("")
     for name, model in SECTIONS:
         out += [f"## `{name}`", ""]
         if model.__doc__:

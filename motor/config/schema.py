@@ -8,14 +8,53 @@ typo never silently falls back to a default; engine-specific options go in
 """
 from __future__ import annotations
 
+import ipaddress
+import re
+from collections.abc import Collection, Iterator
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from motor.config.engine_flags import MANAGED_FLAGS, flag_key, managed_flags
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+#: one DNS label (RFC 1123): letters, digits, inner hyphens, 1..63 characters
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def valid_host(value: str) -> str:
+    """A host field's value checked: an IPv4 / IPv6 address (``0.0.0.0`` and ``::`` = every
+    interface) or a DNS host name of RFC 1123 labels (``localhost``, ``node-1.example.com``,
+    a trailing dot allowed); at most 253 characters.
+
+    Raises
+    ------
+    ValueError
+        ``expected an IP address or a DNS host name ..., got 'not a host!!'``.
+    """
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    name = value[:-1] if value.endswith(".") else value
+    labels = name.split(".")
+    if 0 < len(name) <= 253 and all(_LABEL.fullmatch(x) for x in labels) \
+            and not all(x.isdigit() for x in labels):   # 300.1.1.1 is no IPv4 address
+        return value
+    hint = " (without brackets)" if value.startswith("[") else ""
+    raise ValueError(f"expected an IPv4 / IPv6 address{hint} or a DNS host name (RFC 1123: "
+                     f"labels of letters, digits and inner hyphens, joined by dots), "
+                     f"got {value!r}")
+
+
+#: a host field: an IP address or an RFC 1123 host name (:func:`valid_host`)
+Host = Annotated[str, AfterValidator(valid_host)]
 
 
 class Role(str, Enum):
@@ -53,11 +92,13 @@ class RestartPolicy(str, Enum):
 
 class ControllerConfig(_Strict):
     """Where the controller listens and how it judges heartbeats."""
-    host: str = "127.0.0.1"
+    host: Host = Field("127.0.0.1", description="listen address: an IP address or a DNS host name")
     port: int = Field(18500, ge=1, le=65535)
     heartbeat_interval_s: float = Field(1.0, gt=0, description="how often node managers heartbeat")
     heartbeat_timeout_s: float = Field(
-        5.0, gt=0, description="no heartbeat for this long -> the node's instances become unhealthy")
+        5.0, gt=0, description="no heartbeat for this long -> the node's instances become "
+                               "unhealthy; at least 2 x `heartbeat_interval_s` (one late or "
+                               "lost heartbeat must not make them unhealthy)")
     remove_after_s: float = Field(
         60.0, gt=0, description="unhealthy for this long without a heartbeat -> instance removed")
     watch_timeout_s: float = Field(30.0, gt=0, description="longest long-poll hold of GET /v1/instances")
@@ -81,7 +122,8 @@ class TimeoutConfig(_Strict):
 class RetryConfig(_Strict):
     """Retries before the first byte reached the client."""
     max_attempts: int = Field(3, ge=1, le=16, description="attempts in all, the first one included")
-    backoff_s: float = Field(0.02, ge=0, description="sleep before the 2nd attempt; doubles each time")
+    backoff_s: float = Field(0.02, ge=0, description="sleep before the 2nd attempt; doubles each "
+                                                     "time; at most `backoff_max_s`")
     backoff_max_s: float = Field(1.0, ge=0, description="cap of the sleep between two attempts")
     retry_statuses: list[int] = Field(
         [429, 502, 503, 504], description="engine answers (before any byte reached the client) that "
@@ -93,7 +135,7 @@ class RetryConfig(_Strict):
     def _retryable_status(cls, v: list[int]) -> list[int]:
         for code in v:
             if not (code == 429 or 500 <= code <= 599):
-                raise ValueError(f"retry_statuses are expected to be 429 or 5xx, got {code}")
+                raise ValueError(f"expected 429 or a 5xx status in every entry, got {code}")
         return v
 
 
@@ -102,7 +144,8 @@ class BreakerConfig(_Strict):
     failure_threshold: int = Field(
         3, ge=1, description="consecutive failures (transport errors, 5xx other than 503) that open "
                              "it; a refused connection opens it at once. 4xx, 429 and 503 never count")
-    open_s: float = Field(1.0, gt=0, description="first open period; then one half-open probe request")
+    open_s: float = Field(1.0, gt=0, description="first open period, at most `open_max_s`; then "
+                                                 "one half-open probe request")
     open_max_s: float = Field(30.0, gt=0, description="cap of the open period, which doubles after each "
                                                       "failed probe")
 
@@ -224,11 +267,17 @@ class FeedConfig(_Strict):
 
 class CoordinatorConfig(_Strict):
     """The gateway."""
-    host: str = "127.0.0.1"
+    host: Host = Field("127.0.0.1", description="listen address: an IP address or a DNS host name")
     port: int = Field(8000, ge=1, le=65535)
-    mode: DeploymentMode = DeploymentMode.UNION
+    mode: DeploymentMode = Field(
+        DeploymentMode.UNION,
+        description="`union`: engines of role `union` only; a `pd_*` mode: at least one "
+                    "`prefill` and one `decode` engine, and for every model one has, the other "
+                    "(`union` engines alongside serve the routes that are not disaggregated and "
+                    "`pd.fallback_to_union`); `pd_decode_first` with `workers: 1`")
     policy: PolicyName = PolicyName.ROUND_ROBIN
-    workers: int = Field(1, ge=1, le=64, description="ingress worker processes")
+    workers: int = Field(1, ge=1, le=64, description="ingress worker processes (1 with mode "
+                                                     "`pd_decode_first`)")
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
@@ -272,7 +321,8 @@ class CoordinatorConfig(_Strict):
 
 class RestartConfig(_Strict):
     policy: RestartPolicy = RestartPolicy.ALWAYS
-    backoff_initial_s: float = Field(0.5, gt=0)
+    backoff_initial_s: float = Field(0.5, gt=0, description="first restart delay, doubling after "
+                                                            "each; at most `backoff_max_s`")
     backoff_max_s: float = Field(30.0, gt=0)
     max_restarts: int = Field(10, ge=0, description="give up after this many restarts in window_s")
     window_s: float = Field(300.0, gt=0)
@@ -310,11 +360,17 @@ class EngineConfig(_Strict):
     count: int = Field(1, ge=1, le=256, description="instances of this engine")
     dp_size: int = Field(1, ge=1, le=256, description="data-parallel ranks per instance (one endpoint each)")
     tp_size: int = Field(1, ge=1, le=256)
-    host: str = "127.0.0.1"
+    host: Host = Field("127.0.0.1", description="the instances' listen address: an IP address "
+                                                "or a DNS host name")
     base_port: int = Field(18100, ge=1, le=65535,
                            description="first HTTP port; instance i, DP rank r gets base_port + i*dp_size + r")
-    engine_config: dict[str, Any] = Field(default_factory=dict,
-                                          description="passed through to the engine as --kebab-case flags")
+    engine_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="passed through to the engine as --kebab-case flags (`max_model_len` and "
+                    "`max-model-len` are one flag: give it once); not the flags motor sets from "
+                    "the fields here (" + "; ".join(
+                        f"{kind}: {', '.join(flags)}" for kind, flags in MANAGED_FLAGS.items())
+                    + ")")
     env: dict[str, str] = Field(default_factory=dict)
     launcher: list[str] | None = Field(
         None, description="command that starts the engine (default per kind)")
@@ -350,7 +406,8 @@ class NpuConfig(_Strict):
 
 class NodeConfig(_Strict):
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    host: str = "127.0.0.1"
+    host: Host = Field("127.0.0.1", description="the node manager's address (registration, "
+                                                "management API): an IP address or a DNS host name")
     log_dir: str | None = Field(None, description="engine logs (default: a temp dir per run)")
     mgmt_port: int | None = Field(
         None, ge=0, le=65535, description="node manager's management API port (/health, /metrics, "
@@ -369,24 +426,189 @@ class NodeConfig(_Strict):
         return v
 
 
+#: the checks across fields of :class:`ClusterConfig` (and of standalone ``motor coordinator
+#: --backend``), as docs/configuration.md lists them: (fields, rule)
+CROSS_FIELD_RULES: list[tuple[str, str]] = [
+    ("`coordinator.mode: union`, `nodes[].engines[].role`",
+     "every engine is `union` (a prefill or decode engine would be sent whole requests)"),
+    ("`coordinator.mode: pd_*`, `nodes[].engines[].role`",
+     "at least one `prefill` and one `decode` engine; `union` engines beside them are allowed "
+     "(routes that are not disaggregated, `coordinator.pd.fallback_to_union`)"),
+    ("`coordinator.mode: pd_*`, `nodes[].engines[].model` / `served_model_name`",
+     "every model a prefill engine serves has a decode engine, and the other way round"),
+    ("`motor coordinator --backend`, `--mode` / `coordinator.mode`",
+     "the same two role rules for the backends' roles (`prefill=URL`, `decode=URL`)"),
+    ("`coordinator.mode: pd_decode_first`, `coordinator.workers`", "`workers` is 1"),
+    ("`controller.heartbeat_timeout_s`, `controller.heartbeat_interval_s`",
+     "timeout >= 2 x interval (one late or lost heartbeat does not make instances unhealthy)"),
+    ("`coordinator.retries.backoff_s`, `coordinator.retries.backoff_max_s`", "backoff <= max"),
+    ("`coordinator.breaker.open_s`, `coordinator.breaker.open_max_s`", "open <= max"),
+    ("`nodes[].engines[].restart.backoff_initial_s`, `nodes[].engines[].restart.backoff_max_s`",
+     "initial <= max"),
+    ("`nodes[].engines[].engine_config`, `nodes[].engines[].kind`",
+     "no flag motor sets itself for that kind (see `engine_config`), no flag in two spellings"),
+    ("every `host`", "an IPv4 / IPv6 address or a DNS host name of RFC 1123 labels"),
+    ("`nodes[].name`; `nodes[].engines[].name` within a node", "unique"),
+    ("every port (`controller.port`, `coordinator.port`, `coordinator.management_port`, "
+     "`nodes[].mgmt_port`, each instance's and DP rank's port from `base_port`)",
+     "no two listeners on the same host and port (`0.0.0.0` clashes with every host)"),
+]
+
+
+def role_problem(mode: DeploymentMode, roles: Collection[Role], what: str = "engine",
+                 mode_field: str = "coordinator.mode") -> str | None:
+    """What the roles of a set of engines lack for ``mode``, or None when they fit.
+
+    ``union`` takes union engines only (a prefill or decode engine would be sent whole
+    requests); a ``pd_*`` mode needs at least one prefill and one decode engine (union engines
+    beside them are allowed: they serve the routes that are not disaggregated, and the PD ones
+    with ``coordinator.pd.fallback_to_union``). Used for the config's engines (with the per-model
+    check of :class:`ClusterConfig`) and for standalone mode's ``--backend`` roles.
+
+    Parameters
+    ----------
+    mode : the deployment mode
+    roles : the roles present (a set: how many of each does not matter)
+    what, mode_field : the words for the engines and the mode in the message
+        (``backend``, ``--mode``).
+
+    Returns
+    -------
+    str or None
+        ``expected ..., got roles ...`` (without the field it is about), or None.
+    """
+    got = ", ".join(sorted({r.value for r in roles})) or "none"
+    if mode is DeploymentMode.UNION:
+        if any(r is not Role.UNION for r in roles):
+            return (f"expected only union {what}s with {mode_field} union (a prefill or decode "
+                    f"{what} would be sent whole requests; a pd_* mode disaggregates), "
+                    f"got roles {got}")
+        return None
+    if Role.PREFILL not in roles or Role.DECODE not in roles:
+        return (f"expected at least one prefill and one decode {what} with {mode_field} "
+                f"{mode.value}, got roles {got}")
+    return None
+
+
 class ClusterConfig(_Strict):
+    """The whole cluster. Besides each field's own checks, the checks across fields (the table
+    in docs/configuration.md, "Rules across fields") run when a config is loaded; each refusal
+    names the field(s), what was expected and what was received."""
     controller: ControllerConfig = Field(default_factory=ControllerConfig)
     coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
     nodes: list[NodeConfig] = Field(default_factory=list)
 
+    def engine_groups(self) -> Iterator[tuple[str, EngineConfig]]:
+        """Every engine group with its field path (``nodes[0].engines[1]``), in config order."""
+        for i, n in enumerate(self.nodes):
+            for j, e in enumerate(n.engines):
+                yield f"nodes[{i}].engines[{j}]", e
+
     @model_validator(mode="after")
     def _check(self) -> ClusterConfig:
+        self._check_timing()
+        self._check_roles()
+        self._check_engine_flags()
+        self._check_names_and_ports()
+        return self
+
+    def _check_timing(self) -> None:
+        """Pairs of durations whose order is a contradiction the other way round."""
+        ctl, c = self.controller, self.coordinator
+        if ctl.heartbeat_timeout_s < 2 * ctl.heartbeat_interval_s:
+            raise ValueError(
+                f"controller.heartbeat_timeout_s: expected at least 2 x "
+                f"controller.heartbeat_interval_s = {2 * ctl.heartbeat_interval_s:g} (one late "
+                f"or lost heartbeat must not make the node's instances unhealthy), got "
+                f"{ctl.heartbeat_timeout_s:g}")
+        pairs: list[tuple[str, float, str, float]] = [
+            ("coordinator.retries.backoff_s", c.retries.backoff_s,
+             "coordinator.retries.backoff_max_s", c.retries.backoff_max_s),
+            ("coordinator.breaker.open_s", c.breaker.open_s,
+             "coordinator.breaker.open_max_s", c.breaker.open_max_s)]
+        for at, e in self.engine_groups():
+            pairs.append((f"{at}.restart.backoff_initial_s", e.restart.backoff_initial_s,
+                          f"{at}.restart.backoff_max_s", e.restart.backoff_max_s))
+        for low, lv, high, hv in pairs:
+            if lv > hv:
+                raise ValueError(f"{low}: expected at most {high} = {hv:g} (the cap of the "
+                                 f"doubling delay it starts), got {lv:g}")
+        if c.mode is DeploymentMode.PD_DECODE_FIRST and c.workers > 1:
+            raise ValueError(
+                f"coordinator.workers: expected 1 with coordinator.mode pd_decode_first (the "
+                f"metaserver callback must reach the worker holding the request), got {c.workers}")
+
+    def _check_roles(self) -> None:
+        """The engines' roles fit ``coordinator.mode`` (see :func:`role_problem`); in a PD
+        mode every model with prefill engines has decode engines and the other way round."""
+        engines = list(self.engine_groups())
+        if not engines:   # a controller-only / coordinator-only file: nothing to check
+            return
+        mode = self.coordinator.mode
+        if mode is DeploymentMode.UNION:
+            for at, e in engines:
+                if e.role is not Role.UNION:
+                    raise ValueError(
+                        f"{at}.role: expected 'union' with coordinator.mode union (a "
+                        f"{e.role.value} engine would be sent whole requests; a pd_* mode "
+                        f"disaggregates), got {e.role.value!r}")
+            return
+        problem = role_problem(mode, {e.role for _, e in engines}, mode_field="mode")
+        if problem is not None:
+            listed = ", ".join(f"{at}.role {e.role.value!r}" for at, e in engines[:4])
+            more = f" and {len(engines) - 4} more" if len(engines) > 4 else ""
+            raise ValueError(f"coordinator.mode: {problem} ({listed}{more})")
+        by_role: dict[Role, list[tuple[str, EngineConfig]]] = {Role.PREFILL: [], Role.DECODE: []}
+        for at, e in engines:
+            if e.role in by_role:
+                by_role[e.role].append((at, e))
+        for have, want in ((Role.PREFILL, Role.DECODE), (Role.DECODE, Role.PREFILL)):
+            served = {e.model_name for _, e in by_role[want]}
+            for at, e in by_role[have]:
+                if e.model_name in served:
+                    continue
+                others = ", ".join(f"{e2.model_name!r} ({a2}.{_model_field(e2)})"
+                                   for a2, e2 in by_role[want])
+                raise ValueError(
+                    f"{at}.{_model_field(e)}: expected a {want.value} engine serving the same "
+                    f"model with coordinator.mode {mode.value} (a {have.value} engine's requests "
+                    f"need one), got {e.model_name!r} while the {want.value} engines serve "
+                    f"{others}")
+
+    def _check_engine_flags(self) -> None:
+        """``engine_config`` holds no flag motor sets itself (the table of
+        :mod:`motor.config.engine_flags`) and no flag twice in two spellings."""
+        for at, e in self.engine_groups():
+            managed = managed_flags(e.kind.value)
+            seen: dict[str, str] = {}
+            for raw, v in e.engine_config.items():
+                k = flag_key(raw)
+                if not k:
+                    raise ValueError(f"{at}.engine_config: expected flag names, got the empty "
+                                     f"key {raw!r}")
+                if k in managed:
+                    raise ValueError(
+                        f"{at}.engine_config.{raw}: expected a flag motor does not set itself "
+                        f"(it sets --{k} of a {e.kind.value} engine from {at}.{managed[k]}), "
+                        f"got {raw}: {_short(v)}")
+                if k in seen:
+                    raise ValueError(f"{at}.engine_config.{raw}: expected each flag once, got "
+                                     f"--{k} also as {seen[k]!r}")
+                seen[k] = raw
+
+    def _check_names_and_ports(self) -> None:
+        """Node names unique; no two listeners on one host and port."""
         for i, n in enumerate(self.nodes):
             for j, m in enumerate(self.nodes[:i]):
                 if m.name == n.name:
-                    raise ValueError(f"nodes[{i}].name: node names must be unique, got {n.name!r} "
-                                     f"again (also nodes[{j}].name)")
+                    raise ValueError(f"nodes[{i}].name: expected node names to be unique, got "
+                                     f"{n.name!r} again (also nodes[{j}].name)")
         # every port motor opens on a host: no two listeners may share one
         taken: dict[tuple[str, int], str] = {}
 
         def claim(host: str, port: int, field: str) -> None:
             if not 1 <= port <= 65535:
-                raise ValueError(f"{field}: port is expected in 1..65535, got {port}")
+                raise ValueError(f"{field}: expected a port in 1..65535, got {port}")
             h = "127.0.0.1" if host in ("localhost", "::1") else host
             for (oh, op), other in taken.items():
                 if op == port and (oh == h or "0.0.0.0" in (oh, h)):
@@ -411,4 +633,14 @@ class ClusterConfig(_Strict):
                         f" (instance {inst}" + (f", DP rank {rank})" if e.dp_size > 1 else ")")
                         if k else "")
                     claim(e.host, e.base_port + k, what)
-        return self
+
+
+def _model_field(e: EngineConfig) -> str:
+    """The field that names what engine ``e`` serves: ``served_model_name`` when set."""
+    return "served_model_name" if e.served_model_name else "model"
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to 60 characters."""
+    s = repr(value)
+    return s if len(s) <= 60 else s[:57] + "..."

@@ -54,7 +54,9 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                                 c.health_failures)
         coord.ready_source = source.synced
     elif shm is None:
-        source = ControllerWatcher(table, controller_url or cfg.controller.url)
+        source = ControllerWatcher(table, controller_url or cfg.controller.url,
+                                   models_interval_s=c.health_check_interval_s,
+                                   models_timeout_s=c.health_check_timeout_s)
         coord.ready_source = source.synced
     if source is not None:
         tasks.append(asyncio.ensure_future(source.run()))

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from motor.cli import (add_config_option, add_controller_option, add_host_option,
+                       add_port_option, apply_overrides, fail, http_url, positive_int)
 from motor.config import load_config, load_default_config
 from motor.config.schema import ClusterConfig, DeploymentMode, PolicyName
 from motor.errors import ConfigError
@@ -12,38 +14,59 @@ logger = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--config", help="cluster config file (YAML/JSON); default: the embedded "
-                                          "default. The 'coordinator' section is used.")
-    p.add_argument("--host", help="listen address (overrides coordinator.host)")
-    p.add_argument("--port", type=int, help="listen port (overrides coordinator.port)")
+    add_config_option(p, "its coordinator and controller sections are used")
+    add_host_option(p, "coordinator.host of the config")
+    add_port_option(p, "coordinator.port of the config", any_free=False)
     p.add_argument("--backend", action="extend", nargs="+", default=[], metavar="[ROLE=]URL",
+                   type=_backend_arg,
                    help="standalone mode, no controller: an engine to route to, as "
                         "http://HOST:PORT (union) or prefill=URL / decode=URL; repeat or list "
                         "several. The coordinator then health-checks them itself.")
     p.add_argument("--kv-events", action="append", default=[], metavar="URL=ADDRESS",
+                   type=_kv_events_arg,
                    help="standalone mode: the KV-event publisher of backend URL, as "
                         "[bind:]tcp://HOST:PORT[;replay=ENDPOINT] (connect to a publisher that "
                         "binds, e.g. motor sim or vLLM tcp://*:P; 'bind:' for a vLLM publisher "
                         "that connects, e.g. its endpoint tcp://127.0.0.1:P); repeat per backend. "
                         "Used by --policy kv_affinity (see docs/kv-routing.md)")
-    p.add_argument("--controller", metavar="URL",
-                   help="controller to follow (default: controller.host/port of the config); "
-                        "ignored with --backend")
-    p.add_argument("--policy", choices=[x.value for x in PolicyName],
-                   help="routing policy (overrides coordinator.policy)")
-    p.add_argument("--mode", choices=[x.value for x in DeploymentMode],
-                   help="deployment mode (overrides coordinator.mode)")
-    p.add_argument("--workers", type=int, help="ingress worker processes on the same port "
-                                               "(SO_REUSEPORT; overrides coordinator.workers)")
+    add_controller_option(p, "its instance table is followed; ignored with --backend")
+    p.add_argument("--policy", choices=[x.value for x in PolicyName], metavar="POLICY",
+                   help="routing policy: " + ", ".join(x.value for x in PolicyName)
+                        + " (default: coordinator.policy of the config)")
+    p.add_argument("--mode", choices=[x.value for x in DeploymentMode], metavar="MODE",
+                   help="deployment mode: " + ", ".join(x.value for x in DeploymentMode)
+                        + " (default: coordinator.mode of the config)")
+    p.add_argument("--workers", type=positive_int, metavar="N",
+                   help="ingress worker processes on the same port (SO_REUSEPORT) "
+                        "(default: coordinator.workers of the config)")
+
+
+def _backend_arg(spec: str) -> str:
+    """argparse type of ``--backend``: ``[ROLE=]http://HOST:PORT``."""
+    from motor.coordinator.backends import parse_backend
+    try:
+        parse_backend(spec)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected [ROLE=]http://HOST:PORT with ROLE one of union, prefill, decode, "
+            f"got {spec!r}") from None
+    return spec
 
 
 def _kv_events_arg(spec: str) -> tuple[str, str]:
-    """``http://HOST:PORT=ADDRESS`` -> (backend URL, KV-event address), both checked."""
+    """argparse type of ``--kv-events``: ``http://HOST:PORT=ADDRESS`` -> (backend URL,
+    KV-event address), both checked."""
     from motor.protocol.kv_events import KvEventsAddress
     url, sep, addr = spec.partition("=")  # a backend URL has no '='
-    if not sep or not url.startswith("http://"):
-        raise ConfigError(f"--kv-events is expected as http://HOST:PORT=ADDRESS, got {spec!r}")
-    KvEventsAddress.parse(addr)
+    try:
+        if not sep:
+            raise ValueError
+        http_url(url)
+        KvEventsAddress.parse(addr)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(
+            f"expected http://HOST:PORT=[bind:]tcp://HOST:PORT[;replay=ENDPOINT], "
+            f"got {spec!r}") from None
     return url.rstrip("/"), addr
 
 
@@ -74,30 +97,33 @@ def run(cfg: ClusterConfig, backends: list[str] | None = None,
 def main(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config) if args.config else load_default_config()
-        over = {k: v for k, v in (("host", args.host), ("port", args.port),
-                                  ("policy", args.policy), ("mode", args.mode),
-                                  ("workers", args.workers)) if v is not None}
-        kv_events = dict(_kv_events_arg(x) for x in args.kv_events)
-        if over or kv_events:
-            from motor.config.load import parse_config
-            data = cfg.model_dump(mode="json")
-            data["coordinator"].update(over)
-            data["coordinator"]["kv"]["events"]["backends"].update(kv_events)
-            cfg = parse_config(data, "command line")
-        c = cfg.coordinator
-        if c.mode == DeploymentMode.PD_DECODE_FIRST and c.workers > 1:
-            raise ConfigError(
-                f"coordinator.workers is expected to be 1 with mode pd_decode_first (the "
-                f"metaserver callback must reach the worker holding the request), got {c.workers}")
-        from motor.coordinator.backends import parse_backend
-        for b in args.backend:
-            parse_backend(b)
+        if args.backend or not args.config:
+            # standalone, or the embedded stand-in: the nodes are not what this coordinator
+            # routes to, so the role checks of the engines do not apply to them
+            cfg = cfg.model_copy(update={"nodes": []})
+        kv_events = dict(args.kv_events)
+        cfg = apply_overrides(cfg, {
+            "coordinator.host": ("--host", args.host), "coordinator.port": ("--port", args.port),
+            "coordinator.policy": ("--policy", args.policy),
+            "coordinator.mode": ("--mode", args.mode),
+            "coordinator.workers": ("--workers", args.workers),
+            "coordinator.kv.events.backends": (
+                "--kv-events",
+                {**cfg.coordinator.kv.events.backends, **kv_events} if kv_events else None)})
+        if args.backend:   # (pd_decode_first with workers > 1: refused by the schema)
+            from motor.cli import OptionError
+            from motor.config.schema import role_problem
+            from motor.coordinator.backends import parse_backend
+            problem = role_problem(cfg.coordinator.mode,
+                                   {parse_backend(b)[0] for b in args.backend}, "backend",
+                                   "--mode" if args.mode else "coordinator.mode")
+            if problem is not None:
+                raise OptionError("--backend", f"{problem} ({' '.join(args.backend)})")
         from motor.coordinator.policy import make_policy
         make_policy(cfg.coordinator.policy.value)
         from motor.coordinator.server import Coordinator  # noqa: F401
     except (ConfigError, ValueError) as e:
-        print(f"motor coordinator: {e}")
-        return 2
+        return fail("coordinator", e)
     import socket
     c = cfg.coordinator
     with socket.socket(socket.AF_INET6 if ":" in c.host else socket.AF_INET) as s:
@@ -106,6 +132,9 @@ def main(args: argparse.Namespace) -> int:
             s.bind((c.host, c.port))
         except OSError as e:
             from motor.http.server import ListenError
-            print(f"motor coordinator: {ListenError(c.host, c.port, e, 'coordinator.port / --port').message}")
-            return 1
+            if ListenError(c.host, c.port, e).bad_host:
+                field = "--host" if args.host is not None else "coordinator.host"
+            else:
+                field = "--port" if args.port is not None else "coordinator.port"
+            return fail("coordinator", ListenError(c.host, c.port, e, field).message, 1)
     return run(cfg, args.backend or None, args.controller)

@@ -5,8 +5,14 @@ Two sources fill an :class:`EndpointTable`:
 * :class:`ControllerWatcher`: long-polls the controller's ``GET /v1/instances``; an
   endpoint is routable while its instance is ``ready``.
 * :class:`StaticBackends`: standalone mode (``--backend URL``), no controller; the
-  coordinator probes each backend's ``/health`` itself and learns its models from
-  ``/v1/models``.
+  coordinator probes each backend's ``/health`` itself.
+
+In both, the coordinator re-reads each ready endpoint's ``/v1/models``
+(:func:`read_models`) every ``health_check_interval_s``: an endpoint serves the models its
+engine lists (LoRA adapters loaded or unloaded at run time included; in controller mode
+always the model its instance registered too), and its ``max_model_len`` bounds a failover
+continuation. A multi-worker coordinator's feed reads them for its workers
+(:class:`ModelReader`, ``motor.coordinator.feed``).
 
 Both combine with each endpoint's circuit breaker (:mod:`motor.coordinator.breaker`):
 an endpoint routes while its instance is ready *and* its breaker lets it, so a dead
@@ -19,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 import orjson
 from prometheus_client import Gauge
@@ -42,7 +48,8 @@ class EndpointState:
     __slots__ = ("key", "instance_id", "model", "models", "role", "engine", "host", "port",
                  "dp_rank", "url", "ready", "breaker", "inflight",
                  "inflight_tokens", "inflight_prefill_tokens", "inflight_decode_tokens", "pool",
-                 "kv_events", "bootstrap_port", "waiting", "_gauge", "shared", "max_model_len")
+                 "kv_events", "bootstrap_port", "waiting", "_gauge", "shared", "max_model_len",
+                 "learned")
 
     def __init__(self, instance_id: str, model: str | None, role: Role, host: str, port: int,
                  dp_rank: int, pool: Pool, engine: EngineKind | None = None,
@@ -73,6 +80,8 @@ class EndpointState:
         self.bootstrap_port = bootstrap_port
         #: the engine's context length (its /v1/models ``max_model_len``), when learned
         self.max_model_len: int | None = None
+        #: the model ids the engine's /v1/models listed last (None: not read yet)
+        self.learned: frozenset[str] | None = None
         gauge = metrics.INFLIGHT.labels(instance_id, self.url)
         # one process: the gauge reads the count at scrape time (no lock taken per request);
         # multiprocess mode exports only what is set, so it is counted as it changes there
@@ -95,6 +104,14 @@ class EndpointState:
 
     def serves(self, model: str | None) -> bool:
         return model is None or not self.models or model in self.models
+
+    def set_learned(self, ids: Iterable[str] | None) -> None:
+        """The engine listed ``ids`` (its /v1/models): the endpoint serves them, and always
+        the model its instance registered (controller mode; standalone endpoints have none)."""
+        self.learned = None if ids is None else frozenset(ids)
+        self.models = set(self.learned or ())
+        if self.model:
+            self.models.add(self.model)
 
     def acquire(self, tokens: int = 0, prefill_tokens: int = 0, decode_tokens: int = 0) -> None:
         self.inflight += 1
@@ -353,6 +370,11 @@ class EndpointTable:
                     self.endpoints[key] = ep
                     logger.info("endpoint %s added: %s %s model=%s", key, inst.role.value,
                                 ep.url, inst.model)
+                elif ep.model != inst.model:   # re-registered with another model
+                    logger.info("endpoint %s now serves model %s (was %s)", key, inst.model,
+                                ep.model)
+                    ep.model = inst.model
+                    ep.set_learned(ep.learned)
                 ready = inst.state == InstanceState.READY
                 if ready != ep.ready:
                     logger.info("endpoint %s %s (instance %s)", key,
@@ -384,10 +406,103 @@ def context_length(entries: list[dict[str, Any]]) -> int | None:
     return min(lens) if lens else None
 
 
+class Models(NamedTuple):
+    """What an engine's ``GET /v1/models`` says (:func:`read_models`)."""
+
+    #: every model id it lists (base models and LoRA adapters)
+    ids: frozenset[str]
+    #: its context length (the smallest ``max_model_len`` listed), None when none is
+    max_model_len: int | None
+    #: the ids that are LoRA adapters (vLLM lists one with its base model as ``parent``)
+    adapters: frozenset[str]
+
+
+async def read_models(client: Client, host: str, port: int, timeout_s: float
+                      ) -> Models | None:
+    """``GET /v1/models`` of ``host:port``; ``None`` when it fails, answers another status
+    or lists nothing (an engine without the route serves any model name)."""
+    try:
+        status, body = await client.get_json_bytes(host, port, "/v1/models", timeout_s)
+        if status != 200:
+            return None
+        entries = model_entries(body)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # noqa: BLE001 - unreachable, not JSON, not a model list
+        return None
+    if not entries:
+        return None
+    return Models(frozenset(m["id"] for m in entries), context_length(entries),
+                  frozenset(m["id"] for m in entries if m.get("parent") not in (None, m["id"])))
+
+
+def learn(table: EndpointTable, ep: EndpointState, m: Models) -> None:
+    """``ep``'s engine listed ``m``: its models, context length and adapters."""
+    ep.set_learned(m.ids)
+    ep.max_model_len = m.max_model_len
+    table.adapters.update(m.adapters)
+
+
+class ModelReader:
+    """Reads the ``/v1/models`` of endpoints (anything with ``key``, ``host``, ``port`` and
+    ``ready``): a ready endpoint not read yet at once (:meth:`added`), then every ready one
+    every ``interval_s`` (:meth:`run`); each answer goes to ``on_models(ep, models)``.
+
+    The one-process coordinator in controller mode (:class:`ControllerWatcher`) and the feed
+    of a multi-worker one (which sends the answers to its workers in its ``TABLE`` record)
+    use it; standalone backends are read after each health probe (:class:`StaticBackends`).
+    """
+
+    def __init__(self, client: Client, endpoints: Callable[[], Iterable[Any]],
+                 on_models: Callable[[Any, Models], None], interval_s: float = 1.0,
+                 timeout_s: float = 2.0) -> None:
+        self.client = client
+        self.endpoints = endpoints
+        self.on_models = on_models
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._read: dict[str, tuple[str, int]] = {}     # key -> (host, port) read so far
+        self._first: dict[str, asyncio.Task[None]] = {}  # key -> its first read
+
+    def added(self) -> None:
+        """The endpoints changed: read the ready ones never read at their address now."""
+        eps = list(self.endpoints())
+        keys = {e.key for e in eps}
+        self._read = {k: v for k, v in self._read.items() if k in keys}
+        for e in eps:
+            if e.ready and self._read.get(e.key) != (e.host, e.port) \
+                    and e.key not in self._first:
+                self._first[e.key] = asyncio.ensure_future(self._first_read(e))
+
+    async def _first_read(self, ep: Any) -> None:
+        try:
+            await self.read(ep)
+        finally:
+            self._first.pop(ep.key, None)
+
+    async def read(self, ep: Any) -> None:
+        """Read ``ep``'s models once (nothing happens when that fails: the last ones stay)."""
+        m = await read_models(self.client, ep.host, ep.port, self.timeout_s)
+        if m is not None:
+            self._read[ep.key] = (ep.host, ep.port)
+            self.on_models(ep, m)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await asyncio.gather(*(self.read(e) for e in list(self.endpoints()) if e.ready))
+
+    def close(self) -> None:
+        for t in list(self._first.values()):
+            t.cancel()
+
+
 class ControllerWatcher:
     """Follows the controller's live instance table with a long poll
     (:func:`motor.coordinator.controller_poll.follow_controller`) into ``table``;
-    ``synced`` is set once the first table is applied.
+    ``synced`` is set once the first table is applied. Each ready endpoint's ``/v1/models``
+    is read as it appears and every ``models_interval_s`` (:class:`ModelReader`): adapters
+    loaded at run time, the context length.
 
     Raises
     ------
@@ -395,42 +510,34 @@ class ControllerWatcher:
         for a ``controller_url`` that is not ``http://HOST:PORT``.
     """
 
-    def __init__(self, table: EndpointTable, controller_url: str, poll_timeout_s: float = 10.0) -> None:
+    def __init__(self, table: EndpointTable, controller_url: str, poll_timeout_s: float = 10.0,
+                 models_interval_s: float = 1.0, models_timeout_s: float = 2.0) -> None:
         self.host, self.port = controller_address(controller_url)
         self.table = table
         self.poll_timeout_s = poll_timeout_s
         self.client = Client(max_connections_per_endpoint=4, connect_timeout_s=2.0)
         self.synced = asyncio.Event()
-        self._learning: dict[str, asyncio.Task[None]] = {}   # endpoint key -> its fetch
+        self.models = ModelReader(self.client, lambda: self.table.endpoints.values(),
+                                  self._learned, models_interval_s, models_timeout_s)
 
     async def run(self) -> None:
-        await follow_controller(self.client, self.host, self.port, self._apply,
-                                self.synced, self.poll_timeout_s)
+        reread = asyncio.ensure_future(self.models.run())
+        try:
+            await follow_controller(self.client, self.host, self.port, self._apply,
+                                    self.synced, self.poll_timeout_s)
+        finally:
+            reread.cancel()
 
     def _apply(self, table: InstanceTable) -> None:
         self.table.apply(table)
-        for key, ep in self.table.endpoints.items():
-            if ep.ready and ep.max_model_len is None and key not in self._learning:
-                self._learning[key] = asyncio.ensure_future(self._learn_context(key, ep))
+        self.models.added()
 
-    async def _learn_context(self, key: str, ep: EndpointState) -> None:
-        """The engine's context length from its ``/v1/models`` (``max_model_len``, vLLM and
-        motor sim), once per endpoint: a failover continuation of a request without a length
-        bound asks for the rest of the context."""
-        try:
-            status, body = await self.client.get_json_bytes(ep.host, ep.port, "/v1/models", 5.0)
-            if status == 200:
-                ep.max_model_len = context_length(model_entries(body))
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - unknown: a continuation then sends max_tokens null
-            pass
-        finally:
-            self._learning.pop(key, None)
+    def _learned(self, ep: EndpointState, m: Models) -> None:
+        if self.table.endpoints.get(ep.key) is ep:     # still in the table
+            learn(self.table, ep, m)
 
     def close(self) -> None:
-        for t in list(self._learning.values()):
-            t.cancel()
+        self.models.close()
         self.client.close()
 
 
@@ -470,21 +577,10 @@ class StaticBackends:
                 self.table.set_ready(ep, False, f"{n} failed probes, last: {why}")
 
     async def _learn_models(self, ep: EndpointState) -> None:
-        try:
-            status, body = await self.client.get_json_bytes(ep.host, ep.port, "/v1/models",
-                                                            self.timeout_s)
-            if status == 200:
-                entries = model_entries(body)
-                if entries:
-                    ep.models = {m["id"] for m in entries}
-                    ep.max_model_len = context_length(entries)
-                    # vLLM lists a LoRA adapter with its base model as "parent"
-                    self.table.adapters.update(
-                        m["id"] for m in entries if m.get("parent") not in (None, m["id"]))
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - a backend without /v1/models serves any model name
-            pass
+        # a backend without /v1/models (None) serves any model name
+        m = await read_models(self.client, ep.host, ep.port, self.timeout_s)
+        if m is not None:
+            learn(self.table, ep, m)
 
     async def run(self) -> None:
         while True:

@@ -16,6 +16,14 @@ that sees a ring overflow record (never produced by this feed, kept as a safety 
 asks for a snapshot. A restarted worker sends ``HELLO`` and accepts no request before
 its ``SNAP_END``.
 
+Models (controller mode): the feed reads each ready endpoint's ``/v1/models`` as it
+appears and every ``coordinator.health_check_interval_s``
+(:class:`~motor.coordinator.endpoints.ModelReader`) and sends what the engines list (model
+ids, LoRA adapters included, and ``max_model_len``) to the workers in its ``TABLE`` record,
+so that every worker routes adapters loaded at run time and bounds failover continuations
+as a one-process coordinator does. (Standalone workers read their backends' lists
+themselves, with their health probes.)
+
 Engine figures: every ``coordinator.feed.scrape_interval_s`` the feed reads each ready
 endpoint's ``/metrics`` (:func:`motor.protocol.engine_metrics.parse_engine_metrics`:
 waiting and running requests, KV cache usage of vLLM and SGLang) into the load table's
@@ -243,6 +251,13 @@ class Feed:
         self.wake = asyncio.Event()
         self.max_backlog = cfg.coordinator.feed.max_backlog_records
         self.synced_table = asyncio.Event()
+        #: endpoint key -> ((host, port) read, {"ids": [...], "max_model_len": n}): what its
+        #: engine's /v1/models listed (controller mode), sent to the workers in TABLE
+        self.models: dict[str, tuple[tuple[str, int], dict[str, Any]]] = {}
+        #: model ids known to be LoRA adapters (never forgotten, as in one process)
+        self.adapters: set[str] = set()
+        self.model_reader: Any = None
+        self._table_scheduled = False
 
     # -- slots --------------------------------------------------------------------
     def set_endpoints(self, eps: dict[str, SimpleNamespace]) -> None:
@@ -265,6 +280,10 @@ class Feed:
                 self.slots[key] = (s, self.load.slot_gen(s))
         self.endpoints.clear()
         self.endpoints.update({k: v for k, v in eps.items() if k in self.slots})
+        for key in [k for k, (addr, _) in self.models.items()
+                    if k not in self.endpoints
+                    or (self.endpoints[k].host, self.endpoints[k].port) != addr]:
+            del self.models[key]   # gone or moved: its engine's list is read again
         if self.kv_feed is not None:
             self.kv_feed.sync()
         self.flush_kv()
@@ -275,7 +294,29 @@ class Feed:
         ev_keys = [k for k, (s, _) in self.slots.items() if s in self.kv.event_slots]
         return orjson.dumps({
             "table": None if self.table is None else self.table.model_dump(mode="json"),
-            "slots": self.slots, "events": ev_keys})
+            "slots": self.slots, "events": ev_keys,
+            "models": {k: info for k, (_, info) in self.models.items()},
+            "adapters": sorted(self.adapters)})
+
+    def on_models(self, ep: SimpleNamespace, m: Any) -> None:
+        """``ep``'s engine listed ``m`` (:class:`~motor.coordinator.endpoints.Models`): a
+        change goes to the workers in the next ``TABLE`` record."""
+        cur = self.endpoints.get(ep.key)
+        if cur is None or (cur.host, cur.port) != (ep.host, ep.port):
+            return      # gone or moved since the read began
+        info = {"ids": sorted(m.ids), "max_model_len": m.max_model_len}
+        old = self.models.get(ep.key)
+        if old is not None and old[1] == info and m.adapters <= self.adapters:
+            return
+        self.models[ep.key] = ((ep.host, ep.port), info)
+        self.adapters |= m.adapters
+        if not self._table_scheduled:
+            self._table_scheduled = True
+            asyncio.get_running_loop().call_soon(self._send_table)
+
+    def _send_table(self) -> None:
+        self._table_scheduled = False
+        self.broadcast(TABLE, self._table_payload())
 
     # -- records ------------------------------------------------------------------
     def broadcast(self, rtype: int, payload: bytes, skip: int = -1) -> None:
@@ -378,6 +419,8 @@ class Feed:
                     host=spec.host, port=spec.port,
                     ready=inst.state == InstanceState.READY)
         self.set_endpoints(eps)
+        if self.model_reader is not None:
+            self.model_reader.added()
 
     async def scrape(self) -> None:
         from motor.http.client import Client
@@ -416,6 +459,14 @@ class Feed:
                                                    port=int(url.rsplit(":", 1)[1]))
                                 for k, ev, url in self.static_keys})
         else:
+            from motor.coordinator.endpoints import ModelReader
+            from motor.http.client import Client
+            models_client = Client(max_connections_per_endpoint=1,
+                                   connect_timeout_s=c.health_check_timeout_s)
+            self.model_reader = ModelReader(models_client, lambda: self.endpoints.values(),
+                                            self.on_models, c.health_check_interval_s,
+                                            c.health_check_timeout_s)
+            tasks.append(asyncio.ensure_future(self.model_reader.run()))
             tasks.append(asyncio.ensure_future(self.follow_controller()))
         if c.feed.scrape_interval_s > 0:
             tasks.append(asyncio.ensure_future(self.scrape()))
@@ -425,6 +476,9 @@ class Feed:
             await cancel_and_wait(*tasks)
             if self.kv_feed is not None:
                 self.kv_feed.close()
+            if self.model_reader is not None:
+                self.model_reader.close()
+                self.model_reader.client.close()
 
     # -- management API -------------------------------------------------------------
     def instances(self) -> dict[str, Any]:

@@ -9,10 +9,13 @@ second. Record types are ``RECORD_USER + n``; integers are little-endian.
 Feed -> worker records:
 
 * ``TABLE`` (orjson): ``{"table": <InstanceTable JSON or null>, "slots": {key: [slot,
-  generation]}, "events": [key...]}``: the whole instance table (``null`` in standalone
-  mode, where the workers know their backends) with the slot and generation of every
-  endpoint key, and the keys whose KV events are subscribed. Tables are small (one entry
-  per instance) and every change sends the whole of it: there is no delta to lose.
+  generation]}, "events": [key...], "models": {key: {"ids": [model id...],
+  "max_model_len": int or null}}, "adapters": [model id...]}``: the whole instance table
+  (``null`` in standalone mode, where the workers know their backends) with the slot and
+  generation of every endpoint key, the keys whose KV events are subscribed, and
+  (controller mode) what each endpoint's engine lists on ``/v1/models`` (keys not read yet
+  are absent) with the ids known to be LoRA adapters. Tables are small (one entry per
+  instance) and every change sends the whole of it: there is no delta to lose.
 * ``KV`` (binary): index operations already re-hashed by
   :class:`~motor.coordinator.kv.ingest.KvIngest` in the feed (:func:`encode_op`,
   :func:`decode_ops`), each ``<op u8, tier u8, slot u16, n u32, parent u64>`` then ``n``
@@ -227,6 +230,13 @@ class WorkerLink:
     def _table(self, msg: dict[str, Any]) -> None:
         if msg["table"] is not None and not self.static:
             self.table.apply(InstanceTable.model_validate(msg["table"]))
+            # what the engines list, read by the feed (a standalone worker reads it itself)
+            for key, info in (msg.get("models") or {}).items():
+                ep = self.table.endpoints.get(key)
+                if ep is not None:
+                    ep.set_learned(info["ids"])
+                    ep.max_model_len = info["max_model_len"]
+            self.table.adapters.update(msg.get("adapters") or ())
         self.slots = {k: (int(v[0]), int(v[1])) for k, v in msg["slots"].items()}
         self.key_of_slot = {s: k for k, (s, _) in self.slots.items()}
         for key, ep in self.table.endpoints.items():

@@ -9,6 +9,7 @@ The request path of each mode lives in :mod:`motor.coordinator.routing` (``union
   by model, passed through; ``/generate`` (SGLang's native API): the bootstrap handshake in
   ``pd_bootstrap``, passed through in the other modes;
 * ``GET /v1/models``: the models of every routable endpoint, aggregated;
+  ``GET /v1/models/{model}``: one of them (404 for another id);
 * ``GET /health``, ``/liveness``, ``/readiness`` (:mod:`motor.coordinator.probes`),
   ``/metrics`` (Prometheus text), ``/instances`` (this worker's endpoint table);
 * whatever the mode adds (``POST /v1/metaserver`` in ``pd_decode_first``).
@@ -26,6 +27,7 @@ import os
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import orjson
 
@@ -38,6 +40,7 @@ from motor.coordinator.routing import UnionPath, make_path
 from motor.coordinator.routing.base import RequestPath, Route, Settings
 from motor.coordinator.routing.passthrough import ROUTES, PassthroughPath
 from motor.http.server import Request, Response, Router
+from motor.protocol.openai import error_body
 
 Handler = Callable[[Request, Response], Any]
 
@@ -77,6 +80,7 @@ class Coordinator:
             r.post(route_path)(self._inference(Route(name, route_path.encode()),
                                                self.passthrough))
         r.get("/v1/models")(self._on_models)
+        r.add_prefix("GET", "/v1/models/", self._on_model)
         r.get("/health")(probes.health)
         r.get("/liveness")(probes.health)
         r.get("/readiness")(self._on_readiness)
@@ -143,11 +147,32 @@ class Coordinator:
         resp.send(200, orjson.dumps({"version": self.table.version, "worker_pid": os.getpid(),
                                      "endpoints": out}))
 
+    @staticmethod
+    def _model_entry(model: str, created: int) -> dict[str, Any]:
+        """One model object of ``GET /v1/models`` (and of ``GET /v1/models/{model}``)."""
+        return {"id": model, "object": "model", "created": created, "owned_by": "motor",
+                "root": model, "parent": None}
+
     async def _on_models(self, req: Request, resp: Response) -> None:
         """Models of every routable endpoint, aggregated (not one worker's answer)."""
         if not self.authorized(req, resp):
             return
         created = int(time.time())
-        data = [{"id": m, "object": "model", "created": created, "owned_by": "motor",
-                 "root": m, "parent": None} for m in self.table.models()]
+        data = [self._model_entry(m, created) for m in self.table.models()]
         resp.send(200, orjson.dumps({"object": "list", "data": data}))
+
+    async def _on_model(self, req: Request, resp: Response) -> None:
+        """``GET /v1/models/{model}`` (the SDK's ``models.retrieve``): the entry ``/v1/models``
+        lists for that id, else 404 worded as vLLM words it (``vllm/entrypoints/openai/models/
+        api_router.py`` ``retrieve_model``: ``The model `x` does not exist.``, type
+        ``NotFoundError``, param ``model``). The id is the rest of the path, percent-decoded
+        (the SDK sends ``Qwen%2FQwen2.5-0.5B``; a raw ``/`` works too, as vLLM's
+        ``{model_id:path}``)."""
+        if not self.authorized(req, resp):
+            return
+        model = unquote_to_bytes(req.path[len("/v1/models/"):].encode("latin-1")).decode(
+            "utf-8", "replace")
+        if model in self.table.models():
+            resp.send(200, orjson.dumps(self._model_entry(model, int(time.time()))))
+        else:
+            resp.send(404, error_body(404, f"The model `{model}` does not exist.", "model"))

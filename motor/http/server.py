@@ -56,6 +56,31 @@ def bind_error_reason(e: OSError) -> str:
     return str(e) or type(e).__name__
 
 
+def origin_form(method: bytes, target: bytes) -> bytes | None:
+    """The path and query of a request target that is not origin-form (``/path?query``), as
+    RFC 9112 section 3.2 reads it: absolute-form ``http://host[:port]/path?query`` (``http``
+    or ``https``, any case; a proxy sends it) -> ``/path?query`` (``/`` when the path is
+    empty); asterisk-form ``*`` -> ``*`` with ``OPTIONS`` only. ``None`` for anything else
+    (another scheme, no host, userinfo in the authority, which RFC 9110 section 4.2.4 says to
+    treat as an error, ``*`` with another method): a 400."""
+    if target == b"*":
+        return target if method == b"OPTIONS" else None
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return None
+    end = len(rest)
+    for c in (b"/", b"?"):
+        i = rest.find(c)
+        if 0 <= i < end:
+            end = i
+    authority, path = rest[:end], rest[end:]
+    if not authority or b"@" in authority:
+        return None
+    if not path.startswith(b"/"):
+        path = b"/" + path
+    return path
+
+
 class ListenError(OSError):
     """A process could not listen on ``host:port``.
 
@@ -329,6 +354,15 @@ class HttpProtocol(asyncio.Protocol):
         self.deadline = 0.0  # a handler runs: no read deadline until it answered
         self._reading = False
         url = self._url
+        if not url or url[0] != 47:     # not b"/": cheaper than startswith on every request
+            # not origin-form (RFC 9112 section 3.2): absolute-form is reduced to its path
+            # and query, ``*`` stays for OPTIONS, anything else is a 400
+            target = origin_form(self._parser.get_method(), url)
+            if target is None:
+                self._reject(400, f"malformed request target {url[:200].decode('latin-1')!r}: "
+                                  "expected /path, http(s)://host/path, or * with OPTIONS")
+                return
+            url = target
         q = url.find(b"?")
         if q >= 0:
             path, query = url[:q].decode("latin-1"), url[q + 1:].decode("latin-1")
@@ -515,13 +549,35 @@ class HttpServer:
 
 
 class Router:
-    """Exact-path routing table: ``(method, path) -> handler``; 404 / 405 with OpenAI bodies."""
+    """Exact-path routing table: ``(method, path) -> handler``; 404 / 405 with OpenAI bodies.
+
+    :meth:`add_prefix` adds a route for every path under a prefix (``/v1/models/`` + a model
+    id that may hold ``/``), looked up only when no exact path matches (an exact route costs
+    one dict lookup whatever the prefixes). ``OPTIONS *`` is answered 200 with the methods
+    served (``allow``)."""
 
     def __init__(self) -> None:
         self._routes: dict[str, dict[bytes, Handler]] = {}
+        self._prefixes: list[tuple[str, dict[bytes, Handler]]] = []
 
     def add(self, method: str, path: str, handler: Handler) -> None:
         self._routes.setdefault(path, {})[method.encode()] = handler
+
+    def add_prefix(self, method: str, prefix: str, handler: Handler) -> None:
+        """Route ``method`` on every path that starts with ``prefix`` and is longer (the
+        handler reads the rest of ``req.path``); longest prefix first."""
+        for p, by_method in self._prefixes:
+            if p == prefix:
+                by_method[method.encode()] = handler
+                return
+        self._prefixes.append((prefix, {method.encode(): handler}))
+        self._prefixes.sort(key=lambda e: -len(e[0]))
+
+    def _by_prefix(self, path: str) -> dict[bytes, Handler] | None:
+        for p, by_method in self._prefixes:
+            if len(path) > len(p) and path.startswith(p):
+                return by_method
+        return None
 
     def get(self, path: str) -> Callable[[Handler], Handler]:
         def deco(fn: Handler) -> Handler:
@@ -538,8 +594,16 @@ class Router:
     async def __call__(self, req: Request, resp: Response) -> None:
         by_method = self._routes.get(req.path)
         if by_method is None:
-            resp.send(404, error_body(404, f"no route for {req.path}"))
-            return
+            by_method = self._by_prefix(req.path) if self._prefixes else None
+            if by_method is None:
+                if req.path == "*":     # OPTIONS * (origin_form lets no other method through)
+                    methods = {m for r in self._routes.values() for m in r}
+                    if b"GET" in methods:
+                        methods.add(b"HEAD")
+                    resp.send(200, headers=((b"allow", b", ".join(sorted(methods))),))
+                    return
+                resp.send(404, error_body(404, f"no route for {req.path}"))
+                return
         h = by_method.get(req.method)
         if h is None:
             if req.method == b"HEAD" and b"GET" in by_method:

@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
-from motor.cli import port_number
+from motor.cli import (OptionError, add_config_option, add_controller_option, add_host_option,
+                       add_log_dir_option, add_port_option, fail)
 
 logger = logging.getLogger("motor.node_manager")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    # the help texts below say their defaults themselves (they come from the config)
-    parser.formatter_class = argparse.HelpFormatter
     parser.description = (
         "Run one node's manager: start every engine instance of the node's config (instance id "
         "<node>/<engine>/<i>, one process per DP rank, each in its own process group, output "
@@ -21,24 +19,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the controller and heartbeat their health. SIGTERM or SIGINT stops the engines "
         "(SIGTERM, then SIGKILL of the group after stop_timeout_s), deregisters the node and "
         "exits with status 0.")
-    parser.add_argument("-c", "--config", metavar="FILE", default=None,
-                        help="cluster config (YAML or JSON) (default: the embedded default config)")
+    add_config_option(parser, "its controller section and the node's section are used")
     parser.add_argument("--node", metavar="NAME", default=None,
-                        help="which node of the config this is (`nodes[].name`); may be left "
-                             "out when the config has exactly one node")
-    parser.add_argument("--controller", metavar="URL", default=None,
-                        help="controller to register with, http://HOST:PORT (default: "
-                             "controller.host/port from the config)")
-    parser.add_argument("--host", default=None,
-                        help="address of the management API (default: the node's host)")
-    parser.add_argument("--port", type=port_number, default=None,
-                        help="port of the management API (GET /health, /metrics, /v1/instances); "
-                             "0 = any free port (default: the node's mgmt_port; none there: no "
-                             "management API)")
-    parser.add_argument("--log-dir", metavar="DIR", default=None,
-                        help="directory of the engine log files (default: the node's log_dir, "
-                             "else $MOTOR_ENGINE_LOG_DIR, else a new temporary directory, removed "
-                             "on a clean stop unless an engine failed)")
+                        help="which node of the config this is (nodes[].name) "
+                             "(default: the only node of the config)")
+    add_controller_option(parser, "the node registers there")
+    add_host_option(parser, "nodes[].host of this node",
+                    what="for the management API (GET /health, /metrics, /v1/instances)")
+    add_port_option(parser, "nodes[].mgmt_port of this node; none there: no management API",
+                    any_free=True, what="for the management API")
+    add_log_dir_option(parser, "one <node>-<engine>-<i>.log per engine instance",
+                       "nodes[].log_dir of this node, else $MOTOR_ENGINE_LOG_DIR, else a new "
+                       "temporary directory, removed on a clean stop unless an engine failed")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -49,24 +41,25 @@ def main(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config) if args.config else load_default_config()
         names = [n.name for n in cfg.nodes]
+        if not names:
+            raise ConfigError("the config has no node (nodes is empty): nothing to manage")
         if args.node is None:
             if len(names) != 1:
-                raise ConfigError(f"--node is required: the config has {len(names)} nodes "
-                                  f"({', '.join(names) or 'none'})")
+                raise OptionError("--node", f"expected one of the config's {len(names)} nodes "
+                                            f"({', '.join(names)}), got none")
             node = cfg.nodes[0]
         else:
             matches = [n for n in cfg.nodes if n.name == args.node]
             if not matches:
-                raise ConfigError(f"--node {args.node!r} is not in the config (nodes: "
-                                  f"{', '.join(names) or 'none'})")
+                raise OptionError("--node", f"expected one of the config's nodes "
+                                            f"({', '.join(names)}), got {args.node!r}")
             node = matches[0]
         url = args.controller or cfg.controller.url
         parse_url(url)
         from motor.node_manager.engines import plan_node
         plan_node(node)  # bad engine_config -> error before anything starts
     except ConfigError as e:
-        print(f"motor node-manager: {e}", file=sys.stderr)
-        return 2
+        return fail("node-manager", e)
     try:
         return run_node_manager(node, url, cfg.controller.heartbeat_interval_s, args.log_dir,
                                 args.host, args.port)
@@ -76,9 +69,8 @@ def main(args: argparse.Namespace) -> int:
             field = "--host" if args.host is not None else f"{at}.host"
         else:
             field = "--port" if args.port is not None else f"{at}.mgmt_port"
-        print(f"motor node-manager: cannot listen on {e.host}:{e.port} ({field}): {e.reason}",
-              file=sys.stderr)
-        return 1
+        return fail("node-manager", f"cannot listen on {e.host}:{e.port} ({field}): {e.reason}",
+                    1)
     except OSError as e:
         logger.error("cannot start the node manager: %s", e)
         return 1

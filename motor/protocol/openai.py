@@ -13,20 +13,26 @@ from typing import Any
 
 import orjson
 
+#: the ``type`` of motor's error bodies, by status: the OpenAI SDK's exception class where it
+#: has one for the status (``openai._client.OpenAI._make_status_error``: 400, 401, 403, 404,
+#: 409, 422, 429, >= 500), the status's name + ``Error`` otherwise (vLLM's
+#: ``ServiceUnavailableError`` for 503). The one mapping in motor: every process words its
+#: errors through :func:`error_type` / :func:`error_body`.
 _TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     403: "PermissionDeniedError",
     404: "NotFoundError",
-    405: "MethodNotAllowed",
-    408: "RequestTimeout",
-    413: "RequestEntityTooLarge",
+    405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
+    409: "ConflictError",
+    413: "RequestEntityTooLargeError",
     422: "UnprocessableEntityError",
     429: "RateLimitError",
     500: "InternalServerError",
-    502: "BadGateway",
-    503: "ServiceUnavailable",
-    504: "GatewayTimeout",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
 }
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -37,6 +43,8 @@ MAX_REQUEST_ID_BYTES = 256
 
 
 def error_type(status: int) -> str:
+    """The error body ``type`` of ``status`` (:data:`_TYPES`; another 5xx is
+    ``InternalServerError``, another status ``BadRequestError``)."""
     return _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
 
 

@@ -1,18 +1,18 @@
 """``python -m motor.sim ...``: the same as ``motor sim ...`` (without the other sub-commands)."""
 from __future__ import annotations
 
-import argparse
 import sys
 
 
 def run(argv: list[str] | None = None) -> int:
+    from motor.cli import HelpFormatter, Parser
     from motor.logs import setup_logging
     from motor.sim import cli
 
-    parser = argparse.ArgumentParser(prog="motor sim", description=cli.__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--log-level", default="info",
-                        choices=["debug", "info", "warning", "error"])
+    parser = Parser(prog="motor sim", description=cli.__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--log-level", default="info", metavar="LEVEL",
+                        choices=["debug", "info", "warning", "error"],
+                        help="log level of this process: debug, info, warning or error")
     cli.add_arguments(parser)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)

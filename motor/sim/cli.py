@@ -14,7 +14,9 @@ import logging
 import signal
 import sys
 
-from motor.cli import non_negative_float, port_number, positive_int
+from motor.cli import (add_host_option, add_port_option, bounded, integer, non_negative_float,
+                       non_negative_int, port_number, positive_float, positive_int,
+                       probability)
 from motor.sim.engine import EngineConfig
 from motor.sim.faults import MODES, Faults
 from motor.sim.options import PdOptions, SimOptions
@@ -45,22 +47,37 @@ def _bool_flag(group: argparse._ActionsContainer, name: str, default: bool, help
 
 
 
+def _json_object_text(text: str) -> str:
+    """argparse type of ``--kv-events-config``: the text of a JSON object."""
+    try:
+        ok = isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return text
+
+
+_http_status = bounded(int, lambda i: 100 <= i <= 599, "an HTTP status 100..599")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     srv = parser.add_argument_group("server")
-    srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    srv.add_argument("--port", type=port_number, default=8000,
-                     help="HTTP port (0 = any free port; the bound port is printed on stdout)")
-    srv.add_argument("--model", default="motor-sim",
+    add_host_option(srv, "127.0.0.1")
+    add_port_option(srv, 8000, any_free=True, note="the bound port is printed on stdout")
+    srv.add_argument("--model", default="motor-sim", metavar="NAME",
                      help="model name clients use (the served model name)")
     srv.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                     help="served model name(s) like vLLM's flag; overrides --model for clients")
-    srv.add_argument("--model-dir", default=DEFAULT_MODEL_DIR,
+                     help="served model name(s) like vLLM's flag; overrides --model for clients "
+                          "(default: --model)")
+    srv.add_argument("--model-dir", default=DEFAULT_MODEL_DIR, metavar="DIR",
                      help="directory where the byte-level tokenizer model directory is written "
                           "(tokenizer.json, tokenizer_config.json with the chat template, ...)")
     srv.add_argument("--role", choices=["union", "prefill", "decode"], default="union",
-                     help="PD role: prefill / decode take part in the PD handshakes "
+                     metavar="ROLE",
+                     help="PD role, union, prefill or decode: prefill / decode take part in the PD handshakes "
                           "(kv_transfer_params, metaserver, bootstrap rooms; docs/sim.md)")
-    srv.add_argument("--dp-rank", type=int, default=0,
+    srv.add_argument("--dp-rank", type=non_negative_int, default=0, metavar="N",
                      help="data-parallel rank (reported; the metrics' engine label)")
     _bool_flag(srv, "enable-prompt-tokens-details", False,
                "fill usage.prompt_tokens_details.cached_tokens (null otherwise, like vLLM)")
@@ -68,68 +85,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                "usage on every stream chunk and a final usage chunk, whatever the request says")
 
     eng = parser.add_argument_group("engine")
-    eng.add_argument("--max-model-len", type=positive_int, default=4096,
+    eng.add_argument("--max-model-len", type=positive_int, default=4096, metavar="N",
                      help="context length: prompt + output tokens")
-    eng.add_argument("--block-size", type=positive_int, default=16, help="KV block size in tokens")
-    eng.add_argument("--num-gpu-blocks", type=positive_int, default=4096,
-                     help="KV cache capacity in blocks (default 4096 x 16 = 64k tokens)")
-    eng.add_argument("--max-num-seqs", type=positive_int, default=256,
+    eng.add_argument("--block-size", type=positive_int, default=16, metavar="N",
+                     help="KV block size in tokens")
+    eng.add_argument("--num-gpu-blocks", type=positive_int, default=4096, metavar="N",
+                     help="KV cache capacity in blocks (4096 blocks of 16 tokens: 64k tokens)")
+    eng.add_argument("--max-num-seqs", type=positive_int, default=256, metavar="N",
                      help="most sequences in the running batch")
-    eng.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
+    eng.add_argument("--max-num-batched-tokens", type=positive_int, default=8192, metavar="N",
                      help="token budget of one step (longer prefills are chunked)")
     _bool_flag(eng, "enable-prefix-caching", True, "reuse cached KV blocks of shared prefixes")
     _bool_flag(eng, "context-keyed-text", False,
                "each generated token depends on (seed, the whole context so far), like greedy "
                "decoding: a request continued elsewhere with prompt + generated tokens goes on "
                "with the same text (motor's mid-stream failover tests)")
-    eng.add_argument("--seed", type=int, default=0, help="global seed of the generated text")
-    eng.add_argument("--eos-prob", type=float, default=0.0,
+    eng.add_argument("--seed", type=integer, default=0, metavar="N",
+                     help="global seed of the generated text")
+    eng.add_argument("--eos-prob", type=probability, default=0.0, metavar="P",
                      help="probability that a generated token is EOS (<|im_end|>); 0 = never")
 
     tm = parser.add_argument_group("timing model: step time = (fixed + per-token costs) * scale")
-    tm.add_argument("--time-scale", type=non_negative_float, default=1.0,
+    tm.add_argument("--time-scale", type=non_negative_float, default=1.0, metavar="X",
                     help="multiplies every step's time; 0 = as fast as possible")
-    tm.add_argument("--step-fixed-ms", type=non_negative_float, default=2.0,
+    tm.add_argument("--step-fixed-ms", type=non_negative_float, default=2.0, metavar="MS",
                     help="fixed cost of one engine step, in ms")
-    tm.add_argument("--prefill-token-us", type=non_negative_float, default=20.0,
+    tm.add_argument("--prefill-token-us", type=non_negative_float, default=20.0, metavar="US",
                     help="cost of one prefill token in a step, in microseconds")
-    tm.add_argument("--decode-token-us", type=non_negative_float, default=50.0,
+    tm.add_argument("--decode-token-us", type=non_negative_float, default=50.0, metavar="US",
                     help="cost of one decoding sequence in a step, in microseconds")
 
     fl = parser.add_argument_group("fault injection (also POST /admin/fault at run time)")
-    fl.add_argument("--fault", choices=MODES, default="none",
-                    help="fault mode: crash, hang, hang_health, slow, error, drop_after, "
-                         "recomputed_after (see docs/sim.md)")
-    fl.add_argument("--fault-status", type=int, default=500, help="HTTP status of the error fault")
-    fl.add_argument("--fault-tokens", type=int, default=0,
+    fl.add_argument("--fault", choices=MODES, default="none", metavar="MODE",
+                    help="fault mode: " + ", ".join(MODES) + " (see docs/sim.md)")
+    fl.add_argument("--fault-status", type=_http_status, default=500, metavar="STATUS",
+                    help="HTTP status of the error fault")
+    fl.add_argument("--fault-tokens", type=non_negative_int, default=0, metavar="N",
                     help="tokens before drop_after / recomputed_after strike")
-    fl.add_argument("--fault-factor", type=float, default=1.0, help="step-time factor of slow")
-    fl.add_argument("--fault-count", type=int, default=None,
-                    help="how many next requests a per-request fault hits (default: all); "
-                         "for crash: crash on the COUNT-th generation request")
+    fl.add_argument("--fault-factor", type=positive_float, default=1.0, metavar="X",
+                    help="step-time factor of slow")
+    fl.add_argument("--fault-count", type=non_negative_int, default=None, metavar="COUNT",
+                    help="how many next requests a per-request fault hits; for crash: crash on "
+                         "the COUNT-th generation request (default: all of them; crash: at "
+                         "start-up)")
 
     pd = parser.add_argument_group("prefill/decode disaggregation (--role prefill|decode)")
     pd.add_argument("--kv-transfer-ms-per-block", type=non_negative_float, default=0.2,
+                    metavar="MS",
                     help="simulated KV transfer time per block on the decode side, in ms "
                          "(times --time-scale)")
-    pd.add_argument("--kv-lease-s", type=non_negative_float, default=30.0,
+    pd.add_argument("--kv-lease-s", type=non_negative_float, default=30.0, metavar="S",
                     help="prefill-first: how long P holds blocks that no decode has read")
     pd.add_argument("--disaggregation-bootstrap-port", type=port_number, default=0,
-                    help="prefill role: port of the SGLang-style bootstrap server "
-                         "(0 = any free port; reported by GET /server_info)")
-    pd.add_argument("--bootstrap-timeout-s", type=non_negative_float, default=30.0,
+                    metavar="PORT",
+                    help="prefill role: port of the SGLang-style bootstrap server; "
+                         "0 = any free port, reported by GET /server_info")
+    pd.add_argument("--bootstrap-timeout-s", type=non_negative_float, default=30.0, metavar="S",
                     help="how long a leg waits for its peer (bootstrap room, metaserver push)")
 
     kv = parser.add_argument_group("KV events")
-    kv.add_argument("--kv-events-endpoint", default=None,
+    kv.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT",
                     help="ZMQ PUB endpoint for KV events in vLLM's format, e.g. "
-                         "tcp://127.0.0.1:5557 (bound)")
-    kv.add_argument("--kv-events-replay-endpoint", default=None,
-                    help="ZMQ ROUTER endpoint answering replay requests (bound)")
-    kv.add_argument("--kv-events-topic", default="", help="topic frame of KV event messages")
-    kv.add_argument("--kv-events-buffer-steps", type=positive_int, default=10000,
+                         "tcp://127.0.0.1:5557, bound (default: no KV events)")
+    kv.add_argument("--kv-events-replay-endpoint", default=None, metavar="ENDPOINT",
+                    help="ZMQ ROUTER endpoint answering replay requests, bound (default: no "
+                         "replay)")
+    kv.add_argument("--kv-events-topic", default="", metavar="TOPIC",
+                    help="topic frame of KV event messages (default: empty)")
+    kv.add_argument("--kv-events-buffer-steps", type=positive_int, default=10000, metavar="N",
                     help="batches kept for replay")
-    kv.add_argument("--kv-events-config", default=None, metavar="JSON",
+    kv.add_argument("--kv-events-config", default=None, metavar="JSON", type=_json_object_text,
                     help="vLLM's flag, for drop-in configs: {enable_kv_cache_events, endpoint, "
                          "replay_endpoint, topic, buffer_steps}; fills the options above")
 

@@ -5,6 +5,9 @@ Endpoints (vLLM shapes, V ``entrypoints/openai/*``):
 * ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream and not)
 * ``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /version``
 * ``POST /tokenize``, ``POST /detokenize``, ``POST /reset_prefix_cache``
+* ``POST /v1/load_lora_adapter``, ``POST /v1/unload_lora_adapter`` (vLLM's runtime LoRA
+  updating, always on here): an adapter is listed on ``/v1/models`` with its base model as
+  ``parent`` and served under its name (as the base model: the simulator has no weights)
 * ``POST /admin/fault`` (``GET`` shows the current one), ``GET /admin/stats``
 
 See ``docs/sim.md`` for the request fields honoured and the fault API.
@@ -187,6 +190,8 @@ class SimServer:
         self.num_dropped = 0
         self.kv_publisher: Any = None
         self.pd = PdSim(self, opts.pd)
+        #: LoRA adapters loaded at run time: name -> path, in load order
+        self.adapters: dict[str, str] = {}
         self.router = self._build_router()
 
     # -- life cycle -----------------------------------------------------------------------
@@ -250,6 +255,8 @@ class SimServer:
         r.add("POST", "/v1/completions", self.completions)
         r.add("POST", "/v1/chat/completions", self.chat_completions)
         r.add("GET", "/v1/models", self.models)
+        r.add("POST", "/v1/load_lora_adapter", self.load_lora_adapter)
+        r.add("POST", "/v1/unload_lora_adapter", self.unload_lora_adapter)
         r.add("GET", "/health", self.health)
         r.add("GET", "/metrics", self.metrics_endpoint)
         r.add("GET", "/version", self.version)
@@ -298,7 +305,60 @@ class SimServer:
                     "allow_fine_tuning": False, "organization": "*", "group": None,
                     "is_blocking": False}],
             })
+        # vLLM (entrypoints/openai/serving_models.py show_available_models): an adapter's card
+        # has its path as root, the base model as parent, no max_model_len
+        for name, path in self.adapters.items():
+            data.append({"id": name, "object": "model", "created": self.started_at,
+                         "owned_by": "vllm", "root": path, "parent": self.model_name,
+                         "max_model_len": None, "permission": []})
         resp.send(200, orjson.dumps({"object": "list", "data": data}))
+
+    @staticmethod
+    def _lora_error(resp: Response, status: int, message: str, err_type: str) -> None:
+        # vLLM's wording and types (serving_models.py _check_*_lora_adapter_request)
+        resp.send(status, orjson.dumps({"error": {"message": message, "type": err_type,
+                                                  "param": None, "code": status}}))
+
+    async def load_lora_adapter(self, req: Request, resp: Response) -> None:
+        """``{"lora_name": str, "lora_path": str}`` -> 200 text, as vLLM answers."""
+        try:
+            body = self._parse_body(req)
+        except ApiError as e:
+            resp.send(e.status, error_body(e.status, e.message, e.param))
+            return
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            self._lora_error(resp, 400, "Both 'lora_name' and 'lora_path' must be provided.",
+                             "InvalidUserInput")
+            return
+        if name in self.adapters or name in self.opts.names:
+            self._lora_error(resp, 400, f"The lora adapter '{name}' has already been loaded.",
+                             "InvalidUserInput")
+            return
+        self.adapters[name] = path
+        logger.info("Loaded new LoRA adapter: name '%s', path '%s'", name, path)
+        resp.send(200, f"Success: LoRA adapter '{name}' added successfully.".encode(),
+                  content_type=b"text/plain; charset=utf-8")
+
+    async def unload_lora_adapter(self, req: Request, resp: Response) -> None:
+        """``{"lora_name": str}`` -> 200 text; an unknown name is 404 (vLLM)."""
+        try:
+            body = self._parse_body(req)
+        except ApiError as e:
+            resp.send(e.status, error_body(e.status, e.message, e.param))
+            return
+        name = body.get("lora_name")
+        if not isinstance(name, str) or not name:
+            self._lora_error(resp, 400, "either 'lora_name' and 'lora_int_id' needs to be "
+                             "provided.", "InvalidUserInput")
+            return
+        if self.adapters.pop(name, None) is None:
+            self._lora_error(resp, 404, f"The lora adapter '{name}' cannot be found.",
+                             "NotFoundError")
+            return
+        logger.info("Removed LoRA adapter: name '%s'", name)
+        resp.send(200, f"Success: LoRA adapter '{name}' removed successfully.".encode(),
+                  content_type=b"text/plain; charset=utf-8")
 
     async def metrics_endpoint(self, req: Request, resp: Response) -> None:
         eng = self.engine
@@ -406,7 +466,7 @@ class SimServer:
             return  # vLLM serves the default model when none is named
         if not isinstance(m, str):
             raise _bad("model: Input should be a valid string", "model")
-        if m not in self.opts.names:
+        if m not in self.opts.names and m not in self.adapters:
             raise ApiError(404, f"The model `{m}` does not exist.", "model")
 
     def _check_ids(self, ids: list[Any]) -> None:
@@ -595,7 +655,8 @@ class SimServer:
                    headers: list[tuple[bytes, bytes]], chat: bool, plan: Plan) -> None:
         eng = self.engine
         assert eng is not None
-        ctx = _Ctx(resp_id, self.model_name, chat, prompts, n)
+        m = body.get("model")
+        ctx = _Ctx(resp_id, m if m in self.adapters else self.model_name, chat, prompts, n)
         ctx.return_token_ids = _get_bool(body, "return_token_ids", False)
         ctx.prompt_details = self.opts.enable_prompt_tokens_details
         if stream:

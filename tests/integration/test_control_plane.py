@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -190,3 +191,82 @@ def test_node_manager_killed_engines_die_and_instances_time_out(tmp_path: Path) 
         for pid in engine_pids:
             if pid_alive(pid):
                 os.killpg(pid, signal.SIGKILL)
+
+
+def post(url: str, obj: dict[str, Any]) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(obj).encode(),
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_coordinator_follows_adapters_loaded_on_controller_engines(tmp_path: Path) -> None:
+    """Controller mode (issue 18): a LoRA adapter loaded at run time on an engine that a node
+    manager runs (``POST /v1/load_lora_adapter``, vLLM's API, on a real ``motor sim``) is
+    listed and routed by the coordinator that follows the controller, only to that engine;
+    unloaded, it is a 404 again. The coordinator reads its endpoints' ``/v1/models`` itself,
+    as in standalone mode."""
+    cport, mport, gport, base = free_ports(), free_ports(), free_ports(), free_ports(2)
+    cfg = {
+        "controller": {"host": "127.0.0.1", "port": cport, "heartbeat_interval_s": 0.1,
+                       "heartbeat_timeout_s": 5.0, "remove_after_s": 30.0, "watch_timeout_s": 5},
+        "coordinator": {"host": "127.0.0.1", "port": gport, "policy": "round_robin",
+                        "health_check_interval_s": 0.1},
+        "nodes": [{"name": "n1", "log_dir": str(tmp_path / "logs"), "engines": [{
+            "name": "sim", "kind": "sim", "model": "m", "count": 2, "base_port": base,
+            "health_interval_s": 0.05, "stop_timeout_s": 2,
+            "engine_config": {"time-scale": 0}}]}],
+    }
+    cfile = tmp_path / "cluster.yaml"
+    cfile.write_text(yaml.safe_dump(cfg))
+    curl, gurl = f"http://127.0.0.1:{cport}", f"http://127.0.0.1:{gport}"
+    sims = [f"http://127.0.0.1:{base + i}" for i in range(2)]
+    procs: list[subprocess.Popen[bytes]] = []
+    chat = {"model": "sql-lora", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+    def models() -> list[str]:
+        return [m["id"] for m in get(gurl + "/v1/models")["data"]]
+
+    def finished() -> list[int]:
+        return [int(get(s + "/admin/stats")["finished"]) for s in sims]
+
+    try:
+        procs.append(spawn(["controller", "-c", str(cfile)], tmp_path, "controller"))
+        wait_until(lambda: _ok(curl + "/health"), 20, "controller up")
+        procs.append(spawn(["node-manager", "-c", str(cfile), "--node", "n1", "--port",
+                            str(mport)], tmp_path, "node-manager"))
+        Watcher(curl).until(lambda t: len(t) == 2 and all(i["state"] == "ready"
+                                                          for i in t.values()), "both ready")
+        procs.append(spawn(["coordinator", "-c", str(cfile)], tmp_path, "coordinator"))
+        wait_until(lambda: _ok(gurl + "/readiness"), 30, "coordinator ready")
+        assert models() == ["m"]
+        assert post(gurl + "/v1/chat/completions", chat)[0] == 404
+
+        st, out = post(sims[0] + "/v1/load_lora_adapter",
+                       {"lora_name": "sql-lora", "lora_path": "/adapters/sql"})
+        assert st == 200 and b"added successfully" in out
+        wait_until(lambda: "sql-lora" in models(), 20, "the adapter listed")
+        before = finished()
+        for _ in range(4):
+            st, out = post(gurl + "/v1/chat/completions", chat)
+            assert st == 200 and json.loads(out)["model"] == "sql-lora"
+        after = finished()
+        assert (after[0] - before[0], after[1] - before[1]) == (4, 0)   # only where it is
+
+        assert post(sims[0] + "/v1/unload_lora_adapter", {"lora_name": "sql-lora"})[0] == 200
+        wait_until(lambda: "sql-lora" not in models(), 20, "the adapter gone")
+        assert post(gurl + "/v1/chat/completions", chat)[0] == 404
+    finally:
+        for p in reversed(procs):      # coordinator, node manager (stops its engines), controller
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    pass
+            kill_group(p)
+            if p.stdout is not None:
+                p.stdout.close()

@@ -122,10 +122,12 @@ class Route:
             c = self._status[status] = metrics.REQUESTS.labels(self.name, str(status))
         c.inc()
 
-    def fail(self, resp: Response, status: int, message: str, headers: Headers = ()) -> None:
-        """Answer ``status`` with an OpenAI error body and count it."""
+    def fail(self, resp: Response, status: int, message: str, headers: Headers = (),
+             param: str | None = None) -> None:
+        """Answer ``status`` with an OpenAI error body (``param``: the field at fault) and
+        count it."""
         self.count(status)
-        resp.send(status, error_body(status, message), headers=headers)
+        resp.send(status, error_body(status, message, param), headers=headers)
 
 
 class _Answered:
@@ -207,7 +209,8 @@ def json_type(v: object) -> str:
 def parse_request(s: Settings, route: Route, req: Request, resp: Response,
                   fields: dict[str, Any] | None = None) -> Parsed | None:
     """The checks every inference route shares: the body is a JSON object, ``model`` a
-    string, ``X-Request-Id`` honoured (made up when absent or empty, 400 above
+    string, a chat's ``messages`` a non-empty array (OpenAI and vLLM answer 400 otherwise),
+    ``X-Request-Id`` honoured (made up when absent or empty, 400 above
     :data:`MAX_REQUEST_ID_BYTES`, case B15); headers to forward, with the worker key when one
     is set. ``fields``: what a body that is not JSON (a multipart form) said of ``model`` and
     ``stream``, read by the caller. Returns ``None`` after answering 400."""
@@ -228,6 +231,15 @@ def parse_request(s: Settings, route: Route, req: Request, resp: Response,
     if model is not None and not isinstance(model, str):
         route.fail(resp, 400, f"model is expected to be a string, got {type(model).__name__}")
         return None
+    if route.chat:
+        # OpenAI and vLLM refuse a chat without messages (400); no engine needs to see it
+        msgs = body.get("messages")
+        if type(msgs) is not list or not msgs:
+            got = "an empty array" if msgs == [] else \
+                json_type(msgs) if "messages" in body else "no messages field"
+            route.fail(resp, 400, f"messages is expected to be a non-empty array of messages, "
+                                  f"got {got}", param="messages")
+            return None
     fwd: list[tuple[bytes, bytes]] = []
     rid = None
     forward_auth = s.forward_client_auth

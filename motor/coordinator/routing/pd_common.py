@@ -231,7 +231,8 @@ class PdPath(RequestPath):
             return
         PD_REQUESTS.labels(self.name, "no_instance").inc()
         if model is not None and not table.has_model(model):
-            route.fail(resp, 404, f"The model `{model}` does not exist.", p.rid_header)
+            route.fail(resp, 404, f"The model `{model}` does not exist.", p.rid_header,
+                       param="model")
             return
         missing = "decode" if table.candidates(Role.PREFILL, model) else "prefill"
         route.fail(resp, 503, f"no {missing} instance is ready"

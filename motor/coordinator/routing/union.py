@@ -136,7 +136,8 @@ class UnionPath(RequestPath):
     def no_candidates(self, route: Route, resp: Response, p: Parsed) -> None:
         """404 when no endpoint serves ``p.model``, else 503 (none routable now)."""
         if p.model is not None and not self.table.has_model(p.model):
-            route.fail(resp, 404, f"The model `{p.model}` does not exist.", p.rid_header)
+            route.fail(resp, 404, f"The model `{p.model}` does not exist.", p.rid_header,
+                       param="model")
         else:
             route.fail(resp, 503, "no ready instance can serve this request"
                        + (f" (model {p.model})" if p.model else ""), p.rid_header)

@@ -16,8 +16,11 @@ of ``engine_config`` to ``--kebab-case`` flags that all backends share:
 * other values -> ``str(value)``.
 
 Motor's *managed* flags (host, port, model, ...) always come first and cannot be set in
-``engine_config`` (a :class:`~motor.errors.ConfigError` names the key); motor *defaults* are
-added at the end only when the user did not set that key in either spelling, never twice.
+``engine_config`` (a :class:`~motor.errors.ConfigError` names the key; the flags managed
+per kind are the one table :data:`motor.config.engine_flags.MANAGED_FLAGS`, which the
+config schema already enforces at load time: this check is the second line); motor
+*defaults* are added at the end only when the user did not set that key in either
+spelling, never twice.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from motor.config.engine_flags import flag_key
 from motor.config.schema import EngineConfig, EngineKind, NodeConfig
 from motor.errors import ConfigError
 from motor.protocol.instances import Endpoint, InstanceSpec, KvTransfer
@@ -36,11 +40,6 @@ Pairs = Mapping[str, Any] | Iterable[tuple[str, Any]]
 
 #: KV connectors of the decode-first "metaserver" protocol (D calls the coordinator back)
 METASERVER_CONNECTORS = frozenset({"MooncakeLayerwiseConnector"})
-
-
-def flag_key(key: str) -> str:
-    """Canonical spelling of a flag name: ``max_model_len`` / ``--max-model-len`` -> ``max-model-len``."""
-    return key.strip().lstrip("-").replace("_", "-")
 
 
 def _pairs(p: Pairs) -> list[tuple[str, Any]]:
@@ -78,7 +77,8 @@ def _scalar(v: Any) -> str:
 
 def engine_flags(user: Mapping[str, Any], *, managed: Pairs = (), defaults: Pairs = (),
                  negatable: Iterable[str] = (), negate_all: bool = False,
-                 list_style: str = "nargs", where: str = "engine_config") -> list[str]:
+                 list_style: str = "nargs", where: str = "engine_config",
+                 reserved: Mapping[str, str] | None = None) -> list[str]:
     """Build ``managed + user + defaults`` flags (see the module docstring for the rules).
 
     Parameters
@@ -97,6 +97,10 @@ def engine_flags(user: Mapping[str, Any], *, managed: Pairs = (), defaults: Pair
     list_style : "nargs" or "repeat"
     where : str
         Field path used in error messages.
+    reserved : mapping of str to str, optional
+        Further keys the user may not set (flag -> the config field motor sets it from),
+        normally :func:`motor.config.engine_flags.managed_flags` of the engine's kind: the
+        kind's whole table, also the flags this engine's ``managed`` leaves out.
 
     Raises
     ------
@@ -111,15 +115,18 @@ def engine_flags(user: Mapping[str, Any], *, managed: Pairs = (), defaults: Pair
         return negate_all or k in neg
     managed_l = [(flag_key(k), v) for k, v in _pairs(managed)]
     managed_keys = {k for k, _ in managed_l}
+    refused = {flag_key(k): f for k, f in (reserved or {}).items()}
     seen: dict[str, str] = {}
     user_l: list[tuple[str, Any]] = []
     for raw, v in user.items():
         k = flag_key(raw)
         if not k:
             raise ConfigError(f"{where}: empty key {raw!r}")
-        if k in managed_keys:
-            raise ConfigError(f"{where}.{raw}: this flag is set by motor from the engine's config "
-                              f"fields (host, base_port, model, role, dp_size ...), not here")
+        if k in managed_keys or k in refused:
+            src = f"the engine's {refused[k]!r} field" if k in refused else \
+                "the engine's config fields (host, base_port, model, role, dp_size ...)"
+            raise ConfigError(f"{where}.{raw}: --{k} is set by motor from {src}; expected it "
+                              f"left out of engine_config, got {v!r}")
         if k in seen:
             raise ConfigError(f"{where}: {seen[k]!r} and {raw!r} are the same flag --{k}; give it once")
         seen[k] = raw

@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from motor.config.engine_flags import managed_flags
 from motor.config.schema import EngineConfig, NodeConfig, Role
 from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, endpoint,
                                         engine_flags, instance_id, launcher, process_name)
@@ -55,7 +56,7 @@ class SglangBackend:
             defaults.append(("disaggregation-bootstrap-port", bp))
         return launcher(engine, default_launcher()) + engine_flags(
             engine.engine_config, managed=managed, defaults=defaults,
-            where=f"engines[{engine.name}].engine_config")
+            where=f"engines[{engine.name}].engine_config", reserved=managed_flags("sglang"))
 
     def env(self, engine: EngineConfig, index: int, iid: str) -> dict[str, str]:
         env: dict[str, str] = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "true"}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 
+from motor.config.engine_flags import managed_flags
 from motor.config.schema import EngineConfig, NodeConfig
 from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, endpoint,
                                         engine_flags, instance_id, launcher, process_name)
@@ -29,7 +30,7 @@ class SimBackend:
                    ("role", engine.role.value), ("dp-rank", dp_rank)]
         return launcher(engine, default_launcher()) + engine_flags(
             engine.engine_config, managed=managed, negate_all=True,
-            where=f"engines[{engine.name}].engine_config")
+            where=f"engines[{engine.name}].engine_config", reserved=managed_flags("sim"))
 
     def build(self, node: NodeConfig, engine: EngineConfig, index: int) -> InstancePlan:
         iid = instance_id(node.name, engine.name, index)

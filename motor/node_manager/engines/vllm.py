@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from motor.config.engine_flags import managed_flags
 from motor.config.schema import EngineConfig, NodeConfig, Role
 from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, endpoint,
                                         engine_flags, flag_key, instance_id, launcher,
@@ -76,7 +77,7 @@ class VllmBackend:
         defaults.append(("disable-access-log-for-endpoints", "/health,/metrics"))
         return launcher(engine, DEFAULT_LAUNCHER) + engine_flags(
             engine.engine_config, managed=managed, defaults=defaults, negatable=NEGATABLE,
-            where=f"engines[{engine.name}].engine_config")
+            where=f"engines[{engine.name}].engine_config", reserved=managed_flags("vllm"))
 
     def build(self, node: NodeConfig, engine: EngineConfig, index: int) -> InstancePlan:
         iid = instance_id(node.name, engine.name, index)

@@ -132,7 +132,8 @@ def test_unreachable_server_without_model_cannot_start(capsys):
     with pytest.raises(BenchError, match="/v1/models"):
         bench(url, num_requests=1)
     assert cli(["--url", url, "--no-progress"]) == 2
-    assert "error" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"motor bench: GET {url}/v1/models: ") and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/completions"])

@@ -19,14 +19,18 @@ def test_embedded_default_is_simulated_union_on_loopback():
 
 
 def test_yaml_and_json_files_load_the_same(tmp_path):
-    data = {"coordinator": {"port": 9001, "policy": "least_load"},
-            "nodes": [{"name": "n1", "engines": [{"name": "p", "role": "prefill", "model": "m",
-                                                  "kind": "vllm", "engine_config": {"max-model-len": 2048}}]}]}
+    data = {"coordinator": {"port": 9001, "policy": "least_load", "mode": "pd_prefill_first"},
+            "nodes": [{"name": "n1", "engines": [
+                {"name": "p", "role": "prefill", "model": "m", "kind": "vllm",
+                 "engine_config": {"max-model-len": 2048}},
+                {"name": "d", "role": "decode", "model": "m", "kind": "vllm", "base_port": 18200}]}]}
     jp = tmp_path / "c.json"
     jp.write_text(json.dumps(data))
     yp = tmp_path / "c.yaml"
-    yp.write_text("coordinator:\n  port: 9001\n  policy: least_load\nnodes:\n  - name: n1\n    engines:\n"
-                  "      - {name: p, role: prefill, model: m, kind: vllm, engine_config: {max-model-len: 2048}}\n")
+    yp.write_text("coordinator:\n  port: 9001\n  policy: least_load\n  mode: pd_prefill_first\n"
+                  "nodes:\n  - name: n1\n    engines:\n"
+                  "      - {name: p, role: prefill, model: m, kind: vllm, engine_config: {max-model-len: 2048}}\n"
+                  "      - {name: d, role: decode, model: m, kind: vllm, base_port: 18200}\n")
     a, b = load_config(jp), load_config(yp)
     assert a == b
     e = a.nodes[0].engines[0]
@@ -43,7 +47,7 @@ def test_yaml_and_json_files_load_the_same(tmp_path):
     ({"nodes": [{"name": "a", "engines": [{"name": "e"}]}]},
      ["nodes[0].engines[0].model", "missing"]),
     ({"nodes": [{"name": "a", "engines": [{"name": "e", "model": "m", "count": 0}]}]},
-     ["nodes[0].engines[0].count", "greater than or equal to 1", "0"]),
+     ["nodes[0].engines[0].count", "expected an integer >= 1", "got 0"]),
 ])
 def test_errors_name_field_expected_and_received(data, expect):
     with pytest.raises(ConfigError) as ei:

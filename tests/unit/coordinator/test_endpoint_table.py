@@ -41,3 +41,24 @@ async def test_removed_and_moved_endpoints_drop_pool_and_metric_series():
     assert 'endpoint="http://127.0.0.1:39001",instance="n0/sim/39001"' not in text
     assert 'endpoint="http://127.0.0.1:39003",instance="n0/sim/39001"' in text
     client.close()
+
+
+@run_async
+async def test_registered_model_and_engine_list_combine():
+    """Controller mode: an endpoint serves its instance's registered model and what its
+    engine lists (LoRA adapters); a re-registration with another model moves it over."""
+    client = Client()
+    t = EndpointTable(client)
+    t.apply(table(1, 39011))
+    (ep,) = t.endpoints.values()
+    assert ep.models == {"m"} and ep.learned is None
+    ep.set_learned({"m", "sql-lora"})
+    assert ep.models == {"m", "sql-lora"} and t.models() == ["m", "sql-lora"]
+    ep.set_learned({"sql-lora"})            # a list without the registered name keeps it
+    assert ep.models == {"m", "sql-lora"}
+    other = table(2, 39011)
+    other.instances[0].model = "m2"
+    t.apply(other)
+    assert t.endpoints[ep.key] is ep and ep.model == "m2"
+    assert ep.models == {"m2", "sql-lora"}
+    client.close()

@@ -209,3 +209,78 @@ def _no_leftover_shm():
     yield
     after = {n for n in os.listdir("/dev/shm") if n.startswith("motor-test-feed-")}
     assert after <= before
+
+
+def test_engine_models_reach_the_workers_in_controller_mode():
+    """What an engine lists on /v1/models (read by the feed in controller mode: ids, LoRA
+    adapters, max_model_len) reaches every worker's endpoint table and adapter set, also a
+    worker that joins later (snapshot); an unloaded adapter stops being served."""
+    from motor.config.schema import EngineKind
+    from motor.coordinator.endpoints import Models
+    from motor.protocol.instances import Endpoint, Instance, InstanceState, InstanceTable
+
+    async def main() -> None:
+        cfg = ClusterConfig.model_validate({"coordinator": {"feed": {"scrape_interval_s": 0}}})
+        prefix = f"motor-test-feed-{uuid.uuid4().hex[:10]}"
+        load = LoadTable.create(f"{prefix}-load", 2, 16)
+        rings = []
+        for i in range(2):
+            w, h = ring_names(prefix, i)
+            rings.append((Ring.create(w, 1 << 20), Ring.create(h, 1 << 16)))
+        feed = Feed(cfg, load, rings, None, "http://127.0.0.1:9")
+        client = Client()
+        tables = [EndpointTable(client) for _ in range(2)]
+        routers = [KvRouter(cfg.coordinator.kv, adapters=t.adapters) for t in tables]
+        links = []
+        for i in range(2):
+            w, h = ring_names(prefix, i)
+            links.append(WorkerLink(i, LoadTable.attach(load.name), Ring.attach(w),
+                                    Ring.attach(h), tables[i], routers[i]))
+        tasks = [asyncio.ensure_future(feed.pump()), asyncio.ensure_future(links[0].run())]
+        try:
+            await asyncio.wait_for(links[0].synced.wait(), 5)
+            feed.apply_table(InstanceTable(version=3, instances=[Instance(
+                id=f"n/e/{j}", model="base", role=Role.UNION, engine=EngineKind.VLLM,
+                node="n", endpoints=[Endpoint(host="127.0.0.1", port=20 + j)],
+                state=InstanceState.READY) for j in range(2)]))
+            await until(lambda: len(tables[0].endpoints) == 2)
+            ep = feed.endpoints["n/e/0#0"]
+            feed.on_models(ep, Models(frozenset({"base", "sql-lora"}), 2048,
+                                      frozenset({"sql-lora"})))
+            feed.on_models(feed.endpoints["n/e/1#0"], Models(frozenset({"base"}), 4096,
+                                                              frozenset()))
+            tasks.append(asyncio.ensure_future(links[1].run()))    # joins now: a snapshot
+            await asyncio.wait_for(links[1].synced.wait(), 5)
+            for t in tables:
+                await until(lambda t=t: "sql-lora" in t.adapters
+                            and t.endpoints["n/e/0#0"].models == {"base", "sql-lora"})
+                assert t.endpoints["n/e/1#0"].models == {"base"}
+                assert t.endpoints["n/e/0#0"].max_model_len == 2048
+                assert t.endpoints["n/e/1#0"].max_model_len == 4096
+                assert t.models() == ["base", "sql-lora"]
+                assert [e.key for e in t.candidates(Role.UNION, "sql-lora")] == ["n/e/0#0"]
+                assert t.context_length("base") == 2048
+            feed.on_models(ep, Models(frozenset({"base"}), 2048, frozenset()))   # unloaded
+            for t in tables:
+                await until(lambda t=t: t.endpoints["n/e/0#0"].models == {"base"})
+                assert t.candidates(Role.UNION, "sql-lora") == []
+            # the controller drops n/e/0: its models are forgotten with it
+            feed.apply_table(InstanceTable(version=4, instances=[Instance(
+                id="n/e/1", model="base", role=Role.UNION, engine=EngineKind.VLLM, node="n",
+                endpoints=[Endpoint(host="127.0.0.1", port=21)], state=InstanceState.READY)]))
+            assert set(feed.models) == {"n/e/1#0"}
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for link in links:
+                link.close()
+                link.load.close()
+            for w, h in rings:
+                for r in (w, h):
+                    r.close()
+                    r.unlink()
+            client.close()
+            load.close()
+            load.unlink()
+    asyncio.run(main())
