@@ -265,6 +265,75 @@ class FeedConfig(_Strict):
                                   "fell behind, its backlog is replaced by a fresh snapshot")
 
 
+class TlsServerConfig(_Strict):
+    """TLS on the API port (docs/security.md)."""
+    cert_file: str = Field(..., min_length=1, description="PEM certificate chain, leaf first")
+    key_file: str | None = Field(None, description="PEM private key; null = in `cert_file`")
+    key_password_file: str | None = Field(
+        None, description="file holding the key's password (an encrypted key)")
+    client_ca_file: str | None = Field(
+        None, description="PEM CA bundle: clients must present a certificate it signed (mTLS); "
+                          "null = no client certificate asked")
+    reload_interval_s: float = Field(
+        5.0, gt=0, description="how often the files are checked for a change (a rotated "
+                               "certificate is used by new connections; SIGHUP checks at once)")
+
+
+class TlsClientConfig(_Strict):
+    """HTTPS to engines (backends given as `https://`, docs/security.md)."""
+    ca_file: str | None = Field(None, description="PEM CA bundle; null = the system's CAs")
+    verify: bool = Field(True, description="check the engine's certificate and host name")
+    cert_file: str | None = Field(None, description="client certificate (engines that ask "
+                                                    "for mTLS)")
+    key_file: str | None = None
+    key_password_file: str | None = None
+
+
+class ApiKeyConfig(_Strict):
+    """One API key with its name (the name, never the key, shows in metrics, limits, logs)."""
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.:@-]+$")
+    key: str = Field(..., min_length=1, repr=False,
+                     description="the key, or its hash: `pbkdf2_sha256$<iterations>$<salt>$"
+                                 "<hash>`, `scrypt$<n>$<r>$<p>$<salt>$<hash>` or "
+                                 "`<salt hex>:<iterations>:<hash hex>` (docs/security.md)")
+
+
+class KeyLimitConfig(_Strict):
+    """Limits and scheduling of one key (or of every key not listed)."""
+    rpm: float | None = Field(None, gt=0, description="requests per minute; null = unlimited")
+    tpm: float | None = Field(None, gt=0, description="tokens per minute (prompt estimate + "
+                                                      "max_tokens at admission, corrected by "
+                                                      "the answer's usage); null = unlimited")
+    priority: str | None = Field(None, description="admission class of its requests when the "
+                                                   "request names none; null = the last class")
+    weight: int = Field(1, ge=1, le=1000, description="requests per turn inside its class")
+
+
+class LimitsConfig(_Strict):
+    """Per-key rate limits (token buckets, docs/security.md)."""
+    default: KeyLimitConfig = Field(default_factory=KeyLimitConfig,
+                                    description="keys not listed in `keys` (and `anonymous` "
+                                                "when no key is checked)")
+    keys: dict[str, KeyLimitConfig] = Field(default_factory=dict,
+                                            description="key name -> its limits")
+    burst_s: float = Field(1.0, gt=0, le=60, description="bucket capacity in seconds of the "
+                                                         "limit (a burst above the rate)")
+
+
+class AdmissionConfig(_Strict):
+    """Admission control: a cap on requests in flight and a bounded priority queue."""
+    max_in_flight: int = Field(0, ge=0, description="requests in flight per coordinator worker at "
+                                                    "most; 0 = no cap (and no queue)")
+    max_queue: int = Field(1024, ge=0, description="requests waiting at most (all classes); "
+                                                   "one more gets 503 at once")
+    queue_timeout_s: float = Field(30.0, gt=0, description="longest wait in the queue, then 503 "
+                                                           "with Retry-After")
+    classes: list[str] = Field(["interactive", "batch"], min_length=1,
+                               description="priority classes, highest first")
+    priority_header: str = Field("x-motor-priority", min_length=1,
+                                 description="request header naming a class")
+
+
 class CoordinatorConfig(_Strict):
     """The gateway."""
     host: Host = Field("127.0.0.1", description="listen address: an IP address or a DNS host name")
@@ -305,13 +374,22 @@ class CoordinatorConfig(_Strict):
                     "/metrics aggregated); null = none (each worker still answers them on `port`)")
     drain_timeout_s: float = Field(
         10.0, gt=0, description="on SIGTERM: how long in-flight requests may take to finish")
-    api_keys: list[str] = Field(
+    api_keys: list[str | ApiKeyConfig] = Field(
         default_factory=list, repr=False,
         description="keys clients must send as `Authorization: Bearer <key>` on the inference "
                     "routes and `/v1/models` (others get 401 with an OpenAI error body and "
-                    "reach no engine); the comma-separated env var `MOTOR_API_KEYS` adds to "
-                    "it; empty = no check. A client's key is never forwarded to the engines "
+                    "reach no engine): a key (plain or hashed) or `{name, key}`; the "
+                    "comma-separated env var `MOTOR_API_KEYS` and `api_keys_file` add to it; "
+                    "none = no check. A client's key is never forwarded to the engines "
                     "when keys are set (see `worker_api_key`)")
+    api_keys_file: str | None = Field(
+        None, description="file of keys (`name key` or `key` per line, `#` comments) or a "
+                          "directory with one key per file named by the key's name (a mounted "
+                          "Secret); re-read when it changes")
+    tls: TlsServerConfig | None = Field(None, description="TLS on `port`; null = plain HTTP")
+    upstream_tls: TlsClientConfig = Field(default_factory=TlsClientConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     worker_api_key: str | None = Field(
         None, repr=False,
         description="key motor sends to the engines as `Authorization: Bearer <key>` (env var "
@@ -510,7 +588,20 @@ class ClusterConfig(_Strict):
         self._check_roles()
         self._check_engine_flags()
         self._check_names_and_ports()
+        self._check_priorities()
         return self
+
+    def _check_priorities(self) -> None:
+        """Every admission class a key limit names is one of ``admission.classes``."""
+        c = self.coordinator
+        classes = c.admission.classes
+        named = [("coordinator.limits.default.priority", c.limits.default.priority)] + [
+            (f"coordinator.limits.keys.{n}.priority", k.priority)
+            for n, k in c.limits.keys.items()]
+        for field, prio in named:
+            if prio is not None and prio not in classes:
+                raise ValueError(f"{field}: expected one of coordinator.admission.classes "
+                                 f"({', '.join(classes)}), got {prio!r}")
 
     def _check_timing(self) -> None:
         """Pairs of durations whose order is a contradiction the other way round."""

@@ -6,8 +6,9 @@ import logging
 import signal
 
 from motor.aio import cancel_and_wait
-from motor.config.schema import ClusterConfig
-from motor.coordinator.backends import parse_backend
+from motor.config.schema import ClusterConfig, CoordinatorConfig
+from motor.coordinator.backends import is_https, parse_backend
+from motor.coordinator.edge import tls_contexts
 from motor.coordinator.endpoints import ControllerWatcher, EndpointTable, StaticBackends
 from motor.coordinator.kv.router import KvRouter
 from motor.coordinator.kv.subscriber import KvEventFeed
@@ -15,8 +16,20 @@ from motor.coordinator.policy import make_policy
 from motor.coordinator.server import Coordinator
 from motor.http.client import Client
 from motor.http.server import HttpServer
+from motor.http.tls import CertReloader
 
 logger = logging.getLogger(__name__)
+
+
+async def _housekeeping(coord: Coordinator, cert_reloader: CertReloader | None,
+                        c: CoordinatorConfig) -> None:
+    """Every few seconds: a changed key source or TLS certificate is re-read."""
+    step = c.tls.reload_interval_s if c.tls is not None else 2.0
+    while True:
+        await asyncio.sleep(step)
+        if cert_reloader is not None:
+            cert_reloader.check()
+        coord.edge.housekeeping()
 
 
 async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
@@ -31,8 +44,16 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     load table, and listens only once the feed's snapshot is applied.
     """
     c = cfg.coordinator
+    https = [b for b in backends or () if is_https(b)]
+    server_tls, cert_reloader, upstream_tls = tls_contexts(c, bool(https))
+    if upstream_tls is not None and not c.upstream_tls.verify:
+        logger.warning("coordinator.upstream_tls.verify is false: engines' certificates are "
+                       "not checked")
     client = Client(max_connections_per_endpoint=c.max_connections_per_endpoint,
-                    connect_timeout_s=c.timeouts.connect_s)
+                    connect_timeout_s=c.timeouts.connect_s, tls=upstream_tls)
+    for b in https:
+        _, host, port = parse_backend(b)
+        client.use_tls(host, port)
     table = EndpointTable(client)
     kv_feed: KvEventFeed | None = None
     kv_router: KvRouter | None = None
@@ -80,11 +101,14 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     server = HttpServer(coord.router, max_body_bytes=c.max_body_bytes,
                         request_read_timeout_s=c.request_read_timeout_s,
                         keepalive_timeout_s=c.keepalive_timeout_s)
-    port = await server.listen(c.host, c.port, reuse_port=reuse_port)
+    port = await server.listen(c.host, c.port, reuse_port=reuse_port, tls=server_tls)
     mode = f"standalone, {len(backends)} backend(s)" if backends else \
         f"following controller {controller_url or cfg.controller.url}"
-    logger.info("coordinator worker %d listening on http://%s:%d (%s, mode=%s, policy=%s)",
-                worker_index, c.host, port, mode, c.mode.value, policy.name)
+    logger.info("coordinator worker %d listening on %s://%s:%d (%s, mode=%s, policy=%s)",
+                worker_index, "https" if server_tls else "http", c.host, port, mode,
+                c.mode.value, policy.name)
+    if cert_reloader is not None or coord.edge.keys is not None:
+        tasks.append(asyncio.ensure_future(_housekeeping(coord, cert_reloader, c)))
     if ready_file:
         with open(ready_file, "w") as f:
             f.write(str(port))
@@ -94,6 +118,15 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover
+            pass
+    if cert_reloader is not None or coord.edge.keys is not None:
+        def on_hup() -> None:
+            if cert_reloader is not None:
+                cert_reloader.check(force=True)
+            coord.edge.housekeeping()
+        try:
+            loop.add_signal_handler(signal.SIGHUP, on_hup)
         except (NotImplementedError, RuntimeError):  # pragma: no cover
             pass
     await stop.wait()

@@ -42,13 +42,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _backend_arg(spec: str) -> str:
-    """argparse type of ``--backend``: ``[ROLE=]http://HOST:PORT``."""
+    """argparse type of ``--backend``: ``[ROLE=]http(s)://HOST:PORT``."""
     from motor.coordinator.backends import parse_backend
     try:
         parse_backend(spec)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected [ROLE=]http://HOST:PORT with ROLE one of union, prefill, decode, "
+            f"expected [ROLE=]http(s)://HOST:PORT with ROLE one of union, prefill, decode, "
             f"got {spec!r}") from None
     return spec
 
@@ -121,6 +121,13 @@ def main(args: argparse.Namespace) -> int:
                 raise OptionError("--backend", f"{problem} ({' '.join(args.backend)})")
         from motor.coordinator.policy import make_policy
         make_policy(cfg.coordinator.policy.value)
+        # key sources and TLS files: read now, so a bad one is an error before anything starts
+        import os
+
+        from motor.coordinator.backends import is_https
+        from motor.coordinator.edge import Edge, tls_contexts
+        Edge(cfg.coordinator, os.environ.get("MOTOR_API_KEYS", ""))
+        tls_contexts(cfg.coordinator, any(is_https(b) for b in args.backend))
         from motor.coordinator.server import Coordinator  # noqa: F401
     except (ConfigError, ValueError) as e:
         return fail("coordinator", e)

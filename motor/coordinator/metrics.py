@@ -141,6 +141,26 @@ PD_REQUESTS = Counter(
     "fallback_union, no_instance, client_gone).", ["mode", "outcome"], registry=REGISTRY)
 
 #: ``content-type`` of :func:`render_metrics`' text (Prometheus text exposition 0.0.4)
+# -- the edge: API keys, rate limits, admission (docs/security.md) -------------------------
+EDGE_REQUESTS = Counter(
+    "motor_coordinator_key_requests_total",
+    "Inference requests by API key name (never the key) and outcome: admitted, "
+    "unauthorized, rate_limited_requests, rate_limited_tokens, queue_full, queue_timeout.",
+    ["key", "outcome"], registry=REGISTRY)
+EDGE_TOKENS = Counter(
+    "motor_coordinator_key_tokens_total",
+    "Tokens charged to an API key name by its rate limit (the answer's usage.total_tokens "
+    "when seen, else the admission estimate).", ["key"], registry=REGISTRY)
+ADMISSION_QUEUED = Gauge(
+    "motor_coordinator_admission_queue_requests",
+    "Requests waiting in this worker's admission queue.", registry=REGISTRY,
+    multiprocess_mode="livesum")
+ADMISSION_WAIT = Histogram(
+    "motor_coordinator_admission_wait_seconds",
+    "Time admitted requests waited in the admission queue, by class.", ["class"],
+    buckets=_LAT_BUCKETS, registry=REGISTRY)
+
+
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 

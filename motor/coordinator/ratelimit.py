@@ -120,22 +120,25 @@ class RateLimiter:
             self._keys[name] = st
             return st
 
-    def admit(self, name: str, tokens: float) -> tuple[float, Headers] | None:
+    def admit(self, name: str, tokens: float) -> tuple[float, str, Headers] | None:
         """Take one request and ``tokens`` from ``name``'s buckets; ``None`` = admitted, else
-        (seconds to wait, the headers of the 429). Nothing is taken from a refused request."""
+        (seconds to wait, which limit refused: ``requests`` / ``tokens``, the headers of the
+        429). Nothing is taken from a refused request."""
         now = self._clock()  # type: ignore[operator]
         st = self._state(name, now)
         if st is None:
             return None
-        wait = 0.0
+        wait, kind = 0.0, "requests"
         if st.req is not None:
             st.req.refill(now)
             wait = st.req.wait_for(1.0)
         if st.tok is not None:
             st.tok.refill(now)
-            wait = max(wait, st.tok.wait_for(0.0))
+            tw = st.tok.wait_for(0.0)
+            if tw > wait:
+                wait, kind = tw, "tokens"
         if wait > 0.0:
-            return wait, self._headers(st)
+            return wait, kind, self._headers(st)
         if st.req is not None:
             st.req.level -= 1.0
         if st.tok is not None:

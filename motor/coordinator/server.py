@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import os
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ import orjson
 
 from motor.config.schema import CoordinatorConfig, DeploymentMode
 from motor.coordinator import probes
+from motor.coordinator.edge import Edge
 from motor.coordinator.endpoints import EndpointTable
 from motor.coordinator.metrics import render_metrics
 from motor.coordinator.policy import Policy
@@ -58,6 +58,8 @@ class Coordinator:
         self.table = table
         self.policy = policy
         self.settings = Settings(cfg)
+        #: API keys, rate limits, admission (``share``: this worker's part of each limit)
+        self.edge = Edge(cfg, self.settings.env_keys, share=1.0 / cfg.workers)
         table.configure_breakers(cfg.breaker)
         self.ready_source: asyncio.Event | None = None
         #: the union path (also the PD modes' fallback and the passed-through routes' path)
@@ -90,40 +92,12 @@ class Coordinator:
             r.add(method, route_path, handler)
 
     def _inference(self, route: Route, path: RequestPath) -> Handler:
-        """The handler of an inference route: ``path.handle`` for ``route`` (behind the API
-        key check when keys are set; without keys no wrapper coroutine is added)."""
-        if not self.settings.api_keys:
+        """The handler of an inference route: ``path.handle`` for ``route``, behind the edge
+        (API key, rate limit, admission: :mod:`motor.coordinator.edge`) when any of it is on;
+        otherwise no wrapper coroutine is added."""
+        if not self.edge.active:
             return functools.partial(path.handle, route)
-
-        async def handle(req: Request, resp: Response) -> None:
-            if self.authorized(req, resp, route):
-                await path.handle(route, req, resp)
-        return handle
-
-    # -- auth ---------------------------------------------------------------------------
-    def authorized(self, req: Request, resp: Response, route: Route | None = None) -> bool:
-        """With ``api_keys`` set: whether the request carries one as ``Authorization: Bearer``;
-        if not, answers 401 with an OpenAI error body (the request reaches no engine)."""
-        keys = self.settings.api_keys
-        if not keys:
-            return True
-        h = req.header(b"authorization") or b""
-        scheme, _, key = h.strip().partition(b" ")
-        ok = False
-        if scheme.lower() == b"bearer":
-            key = key.strip()
-            for k in keys:          # every key compared, in constant time each
-                ok = hmac.compare_digest(key, k) or ok
-        if not ok:
-            if route is not None:
-                route.count(401)
-            msg = "Incorrect API key provided." if h else \
-                "Missing API key: send it as `Authorization: Bearer <key>`."
-            resp.send(401, orjson.dumps({"error": {"message": msg,
-                                                   "type": "invalid_request_error",
-                                                   "param": None, "code": "invalid_api_key"}}),
-                      headers=((b"www-authenticate", b'Bearer realm="motor"'),))
-        return ok
+        return functools.partial(self.edge.run, route, handle=path.handle)
 
     # -- management ---------------------------------------------------------------------
     def routable_count(self) -> int:
@@ -155,7 +129,7 @@ class Coordinator:
 
     async def _on_models(self, req: Request, resp: Response) -> None:
         """Models of every routable endpoint, aggregated (not one worker's answer)."""
-        if not self.authorized(req, resp):
+        if await self.edge.authenticate(req, resp) is None:
             return
         created = int(time.time())
         data = [self._model_entry(m, created) for m in self.table.models()]
@@ -168,7 +142,7 @@ class Coordinator:
         ``NotFoundError``, param ``model``). The id is the rest of the path, percent-decoded
         (the SDK sends ``Qwen%2FQwen2.5-0.5B``; a raw ``/`` works too, as vLLM's
         ``{model_id:path}``)."""
-        if not self.authorized(req, resp):
+        if await self.edge.authenticate(req, resp) is None:
             return
         model = unquote_to_bytes(req.path[len("/v1/models/"):].encode("latin-1")).decode(
             "utf-8", "replace")

@@ -11,6 +11,7 @@ connection, which aborts the request in the engine.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
@@ -275,12 +276,15 @@ class Pool:
     max_connections : int
         Open connections at most (idle + busy); callers beyond it wait for one.
     connect_timeout_s : float
+    tls : ssl.SSLContext or None
+        HTTPS: connections are TLS with this client context (server name = ``host``).
     """
 
     def __init__(self, host: str, port: int, max_connections: int = 1024,
-                 connect_timeout_s: float = 5.0) -> None:
+                 connect_timeout_s: float = 5.0, tls: ssl.SSLContext | None = None) -> None:
         self.host = host
         self.port = port
+        self.tls = tls
         self.max_connections = max_connections
         self.connect_timeout_s = connect_timeout_s
         self._idle: deque[_Conn] = deque()
@@ -302,7 +306,8 @@ class Pool:
         conn = _Conn(self)
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: conn, self.host, self.port),
+                loop.create_connection(lambda: conn, self.host, self.port, ssl=self.tls,
+                                       server_hostname=self.host if self.tls else None),
                 self.connect_timeout_s)
         except TimeoutError:
             raise UpstreamTimeout("connect", self.connect_timeout_s) from None
@@ -419,19 +424,35 @@ class Pool:
 
 
 class Client:
-    """Pools by (host, port), created on first use."""
+    """Pools by (host, port), created on first use. ``tls``: the client context of the
+    endpoints marked HTTPS with :meth:`use_tls` (the others stay plain HTTP)."""
 
     def __init__(self, max_connections_per_endpoint: int = 1024,
-                 connect_timeout_s: float = 5.0) -> None:
+                 connect_timeout_s: float = 5.0, tls: ssl.SSLContext | None = None) -> None:
         self._pools: dict[tuple[str, int], Pool] = {}
         self.max_connections = max_connections_per_endpoint
         self.connect_timeout_s = connect_timeout_s
+        self.tls = tls
+        self._tls_endpoints: set[tuple[str, int]] = set()
+
+    def use_tls(self, host: str, port: int) -> None:
+        """Speak HTTPS to ``host:port`` (before its pool is first used).
+
+        Raises
+        ------
+        ValueError
+            when the client has no TLS context.
+        """
+        if self.tls is None:
+            raise ValueError(f"HTTPS to {host}:{port} needs a TLS client context")
+        self._tls_endpoints.add((host, port))
 
     def pool(self, host: str, port: int) -> Pool:
         key = (host, port)
         p = self._pools.get(key)
         if p is None:
-            p = self._pools[key] = Pool(host, port, self.max_connections, self.connect_timeout_s)
+            p = self._pools[key] = Pool(host, port, self.max_connections, self.connect_timeout_s,
+                                        self.tls if key in self._tls_endpoints else None)
         return p
 
     def discard(self, host: str, port: int) -> None:

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -145,7 +146,7 @@ class Response:
     """The answer to one request; exactly one of ``send`` or ``start``..``end`` is used."""
 
     __slots__ = ("_proto", "started", "finished", "status", "_chunked", "keep_alive", "http10",
-                 "head")
+                 "head", "tap")
 
     def __init__(self, proto: HttpProtocol, keep_alive: bool, http10: bool = False) -> None:
         self._proto = proto
@@ -156,6 +157,9 @@ class Response:
         self.status = 0
         self._chunked = False
         self.keep_alive = keep_alive
+        #: called with every body byte string sent (``send``, ``write``, ``end``); None = none.
+        #: The gateway's edge sets it to read the answer's usage for token rate limits
+        self.tap: Callable[[bytes], None] | None = None
 
     @property
     def client_gone(self) -> bool:
@@ -180,6 +184,8 @@ class Response:
         if not self.head:
             parts.append(body)
         self._proto.write(b"".join(parts))
+        if self.tap is not None:
+            self.tap(body)
         self._proto.response_done(self)
 
     def start(self, status: int, content_type: bytes = b"text/event-stream",
@@ -216,6 +222,8 @@ class Response:
                 self._proto.write(b"%x\r\n%b\r\n" % (len(data), data))
             else:
                 self._proto.write(data)
+            if self.tap is not None:
+                self.tap(data)
 
     async def drain(self) -> None:
         """Wait while the client's socket buffer is full."""
@@ -226,6 +234,8 @@ class Response:
         if self.finished:
             return
         self.finished = True
+        if data and self.tap is not None:
+            self.tap(data)
         if not self._chunked:
             if data and not self.head:
                 self._proto.write(data)
@@ -498,15 +508,20 @@ class HttpServer:
         self._servers: list[asyncio.AbstractServer] = []
 
     async def listen(self, host: str, port: int, *, reuse_port: bool = False,
-                     sock: socket.socket | None = None, backlog: int = 2048) -> int:
-        """Start listening; returns the bound port (useful with ``port=0``)."""
+                     sock: socket.socket | None = None, backlog: int = 2048,
+                     tls: ssl.SSLContext | None = None) -> int:
+        """Start listening; returns the bound port (useful with ``port=0``). ``tls``: serve
+        HTTPS with that server context (:func:`motor.http.tls.server_context`); the handshake
+        must finish within ``request_read_timeout_s``."""
         loop = asyncio.get_running_loop()
+        hs = self.request_read_timeout_s if tls is not None else None
         if sock is not None:
-            srv = await loop.create_server(lambda: HttpProtocol(self), sock=sock, backlog=backlog)
+            srv = await loop.create_server(lambda: HttpProtocol(self), sock=sock, backlog=backlog,
+                                           ssl=tls, ssl_handshake_timeout=hs)
         else:
             srv = await loop.create_server(lambda: HttpProtocol(self), host, port,
                                            reuse_address=True, reuse_port=reuse_port or None,
-                                           backlog=backlog)
+                                           backlog=backlog, ssl=tls, ssl_handshake_timeout=hs)
         self._servers.append(srv)
         if self._sweeper is None:
             self._sweeper = asyncio.ensure_future(self._sweep())

@@ -116,9 +116,10 @@ class FB:
         self.abort_bodies: list[bytes] = []
         self._server: HttpServer | None = None
 
-    async def start(self, port: int = 0) -> FB:
+    async def start(self, port: int = 0, tls: Any = None) -> FB:
+        """Listen (``tls``: an HTTPS engine with that server context)."""
         self._server = HttpServer(self._handle)
-        self.port = await self._server.listen("127.0.0.1", port or self.port)
+        self.port = await self._server.listen("127.0.0.1", port or self.port, tls=tls)
         return self
 
     async def stop(self) -> None:

@@ -26,9 +26,17 @@ def run_async(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
 
 class Gateway:
     def __init__(self, backends: list[tuple[Role, str, int]], probe: bool = False,
+                 server_tls: Any = None, upstream_tls: Any = None, https: bool = False,
                  **cfg: Any) -> None:
+        """``server_tls``: the API port's server context; ``upstream_tls`` + ``https``: the
+        backends are HTTPS with that client context."""
         self.cfg = CoordinatorConfig(**cfg)
-        self.client = Client(self.cfg.max_connections_per_endpoint, self.cfg.timeouts.connect_s)
+        self.client = Client(self.cfg.max_connections_per_endpoint, self.cfg.timeouts.connect_s,
+                             tls=upstream_tls)
+        if https:
+            for _role, host, port in backends:
+                self.client.use_tls(host, port)
+        self.server_tls = server_tls
         self.table = EndpointTable(self.client)
         self.table.set_static(backends)
         self.coord = Coordinator(self.cfg, self.table, make_policy(self.cfg.policy.value))
@@ -40,7 +48,7 @@ class Gateway:
         self.port = 0
 
     async def start(self) -> Gateway:
-        self.port = await self.server.listen("127.0.0.1", 0)
+        self.port = await self.server.listen("127.0.0.1", 0, tls=self.server_tls)
         if self.probe is not None:
             self._task = asyncio.ensure_future(self.probe.run())
         return self

@@ -124,7 +124,7 @@ BAD = [
     (["coordinator", "--mode", "pd"], "--mode",
      "expected one of union, pd_prefill_first, pd_decode_first, pd_bootstrap, got 'pd'"),
     (["coordinator", "--backend", "localhost:8001"], "--backend",
-     "expected [ROLE=]http://HOST:PORT with ROLE one of union, prefill, decode, "
+     "expected [ROLE=]http(s)://HOST:PORT with ROLE one of union, prefill, decode, "
      "got 'localhost:8001'"),
     (["coordinator", "--kv-events", "http://127.0.0.1:8001"], "--kv-events",
      "expected http://HOST:PORT=[bind:]tcp://HOST:PORT[;replay=ENDPOINT], "

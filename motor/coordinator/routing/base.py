@@ -53,7 +53,8 @@ class Settings:
     __slots__ = ("first_byte_timeout_s", "idle_timeout_s", "keepalive_s", "stream_idle_step_s",
                  "max_attempts", "backoff_s", "backoff_max_s", "retry_statuses",
                  "token_ids_mode", "failover_on", "max_continuations", "prefill_timeout_s",
-                 "fallback_to_union", "api_keys", "worker_auth", "forward_client_auth")
+                 "fallback_to_union", "checks_keys", "env_keys", "worker_auth",
+                 "forward_client_auth")
 
     def __init__(self, cfg: CoordinatorConfig, env: dict[str, str] | os._Environ[str] | None
                  = None) -> None:
@@ -75,14 +76,14 @@ class Settings:
         self.max_continuations: int = f.max_continuations
         self.prefill_timeout_s: float = cfg.pd.prefill_timeout_s or t.first_token_s
         self.fallback_to_union: bool = cfg.pd.fallback_to_union
-        # gateway API keys (case B14): what clients must present, what engines get
-        keys = list(cfg.api_keys) + [k.strip() for k in env.get("MOTOR_API_KEYS", "").split(",")
-                                     if k.strip()]
-        self.api_keys: tuple[bytes, ...] = tuple(k.encode() for k in keys)
+        # gateway API keys (case B14; checked by the edge, motor/coordinator/edge.py): whether
+        # clients must present one, and what engines get
+        self.env_keys: str = env.get("MOTOR_API_KEYS", "")
+        self.checks_keys: bool = bool(cfg.api_keys or cfg.api_keys_file or self.env_keys.strip(", "))
         wk = cfg.worker_api_key or env.get("MOTOR_WORKER_API_KEY") or None
         self.worker_auth: bytes | None = b"Bearer " + wk.encode() if wk else None
         # the client's Authorization goes upstream only when motor neither checks nor replaces it
-        self.forward_client_auth: bool = not self.api_keys and self.worker_auth is None
+        self.forward_client_auth: bool = not self.checks_keys and self.worker_auth is None
 
     def backoff_delay_s(self, attempt: int) -> float:
         """Wait before attempt ``attempt`` (0-based): 0, then ``backoff_s`` doubling, capped

@@ -36,8 +36,8 @@ def test_refusal_says_when_and_carries_openai_headers():
     assert rl.admit("a", 0) is None
     refused = rl.admit("a", 0)
     assert refused is not None
-    wait, headers = refused
-    assert 0.9 < wait <= 1.0
+    wait, kind, headers = refused
+    assert 0.9 < wait <= 1.0 and kind == "requests"
     h = dict(headers)
     assert h[b"x-ratelimit-limit-requests"] == b"60"
     assert h[b"x-ratelimit-remaining-requests"] == b"0"
@@ -52,6 +52,7 @@ def test_tpm_admits_a_big_prompt_once_then_waits_for_the_debt():
     assert rl.admit("anonymous", 1000) is None      # larger than the burst: admitted once
     refused = rl.admit("anonymous", 10)
     assert refused is not None and 8.9 < refused[0] <= 9.0  # 900 tokens of debt
+    assert refused[1] == "tokens"
     clock.t += 9.0
     assert rl.admit("anonymous", 10) is None
 

@@ -83,7 +83,9 @@ def test_settings_backoff_and_keepalive_step() -> None:
 
 def test_settings_keys_from_config_and_env() -> None:
     s = Settings(CoordinatorConfig(api_keys=["k1"]), env={"MOTOR_API_KEYS": " k2 , ,k3"})
-    assert s.api_keys == (b"k1", b"k2", b"k3") and not s.forward_client_auth
+    assert s.checks_keys and s.env_keys == " k2 , ,k3" and not s.forward_client_auth
+    assert Settings(CoordinatorConfig(api_keys_file="/keys"), env={}).checks_keys
+    assert not Settings(CoordinatorConfig(), env={"MOTOR_API_KEYS": " , "}).checks_keys
     s = Settings(CoordinatorConfig(), env={"MOTOR_WORKER_API_KEY": "w"})
     assert s.worker_auth == b"Bearer w" and not s.forward_client_auth
     assert Settings(CoordinatorConfig(), env={}).forward_client_auth
