@@ -15,6 +15,13 @@ with the instance id and the reason)::
 
 ``removed`` instances leave the table; the state exists for logs and metrics only.
 
+A restarted controller starts empty and learns the nodes again as their node managers
+heartbeat (``known: false`` -> they register again). So for its first ``warmup_s`` (default
+``heartbeat_timeout_s``: by then every live node manager has heartbeated) a long poll from a
+follower of another incarnation (``after`` is a version this registry never published:
+below its initial version or above its current one; not absent or 0) is held rather than answered with a table that lacks nodes not heard from yet: the
+coordinator keeps routing on its last table meanwhile instead of dropping every instance.
+
 The registry is plain synchronous code driven by an injectable clock; :meth:`Registry.check`
 applies the timeouts (the server calls it periodically, tests call it with a fake clock).
 Every mutation goes through :meth:`Registry._commit`, the one place where a persistent
@@ -77,14 +84,20 @@ class Registry:
     initial_version : int
         First version of the table. The server starts from wall-clock milliseconds so a
         restarted controller publishes versions above the ones it published before.
+    warmup_s : float or None
+        How long after start a long poll from a follower of another incarnation is held
+        (see the module docstring); ``None`` = ``heartbeat_timeout_s``, 0 = not held.
     """
 
     def __init__(self, heartbeat_timeout_s: float = 5.0, remove_after_s: float = 60.0,
-                 clock: Clock = time.monotonic, initial_version: int = 0) -> None:
+                 clock: Clock = time.monotonic, initial_version: int = 0,
+                 warmup_s: float | None = None) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.remove_after_s = remove_after_s
         self.clock = clock
-        self.version = initial_version
+        self.warmup_s = heartbeat_timeout_s if warmup_s is None else warmup_s
+        self.started = clock()
+        self.version = self.initial_version = initial_version
         self._nodes: dict[str, _Node] = {}
         self._entries: dict[str, _Entry] = {}
         self._event: asyncio.Event | None = None
@@ -230,8 +243,20 @@ class Registry:
         return self._commit(changes)
 
     # ---------------------------------------------------------------- watching
+    def warmup_left(self) -> float:
+        """Seconds of the warm-up left (0 once over)."""
+        return max(0.0, self.started + self.warmup_s - self.clock())
+
     async def wait(self, after: int | None, timeout_s: float) -> InstanceTable:
-        """Long poll: the table once its version differs from ``after``, or at ``timeout_s``."""
+        """Long poll: the table once its version differs from ``after``, or at ``timeout_s``.
+
+        During the warm-up a follower of another incarnation (``after`` a version this
+        registry never published) waits for the end of the warm-up (at most ``timeout_s``)."""
+        if after and not self.initial_version <= after <= self.version and timeout_s > 0:
+            hold = min(self.warmup_left(), timeout_s)
+            if hold > 0:
+                await asyncio.sleep(hold)
+            return self.table()
         if after is None or after != self.version or timeout_s <= 0:
             return self.table()
         if self._event is None:

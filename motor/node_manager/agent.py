@@ -12,8 +12,18 @@ or blocking with SIGTERM / SIGINT handling: :func:`run_node_manager`.
 
 Controller traffic: register all instances on start (``healthy`` = current health, false at
 first); heartbeat every ``heartbeat_interval_s`` (and at once when an engine's health changes)
-with ``{node, health, failed, reasons}``; ``known: false`` -> register again. A controller that
-is down is retried with exponential backoff (capped), logged once per outage.
+with ``{node, health, failed, reasons}``; ``known: false`` -> register again (a restarted
+controller learns this node's instances so, with their current health). A controller that is
+down is retried with exponential backoff from 0.2 s, capped at ``heartbeat_interval_s`` (a
+restarted controller hears from every node manager within about one heartbeat interval),
+logged once per outage. Before the first registration a controller that does not answer yet
+is logged at INFO for :data:`STARTUP_GRACE_S` (the controller may be starting too), at
+WARNING after.
+
+Environment: ``MOTOR_ENGINE_LOG_DIR`` (engine logs, see ``log_dir``),
+``MOTOR_ENGINE_START_ATTEMPTS`` (an integer >= 1: failed starts in a row of an engine that was
+never healthy after which the node manager gives up on it; ``motor up`` sets it so a bad
+engine flag fails the start-up at once instead of restarting for minutes).
 """
 from __future__ import annotations
 
@@ -49,6 +59,22 @@ logger = logging.getLogger(__name__)
 
 #: engine log directory when neither the caller nor the node config gives one
 ENGINE_LOG_DIR_ENV = "MOTOR_ENGINE_LOG_DIR"
+#: failed starts in a row of a never-healthy engine before giving up on it (unset: no limit
+#: but the restart policy's)
+ENGINE_START_ATTEMPTS_ENV = "MOTOR_ENGINE_START_ATTEMPTS"
+#: seconds after start during which an unreachable controller is logged at INFO (it may be
+#: starting at the same time); WARNING after
+STARTUP_GRACE_S = 10.0
+
+
+def start_attempts_from_env() -> int | None:
+    """``$MOTOR_ENGINE_START_ATTEMPTS`` as an integer >= 1, else None (unset or not valid)."""
+    raw = os.environ.get(ENGINE_START_ATTEMPTS_ENV, "").strip()
+    try:
+        n = int(raw)
+    except ValueError:
+        return None
+    return n if n >= 1 else None
 
 
 class EngineInstance:
@@ -131,6 +157,7 @@ class NodeAgent:
         self.client = Client(connect_timeout_s=2.0)
         self.instances: list[EngineInstance] = []
         self.registered = False
+        self._ever_registered = False
         self.controller_reachable = False
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -189,9 +216,15 @@ class NodeAgent:
         logger.info("node manager %s: %d instance(s), engine logs in %s, controller %s",
                     self.node.name, len(self.plans), self.log_dir, self.controller_url)
         self.npu.start()  # says once whether npu-smi is there
+        attempts = start_attempts_from_env()
         for plan in self.plans:
+            j = next(k for k, e in enumerate(self.node.engines) if e is plan.engine)
+            field = (f"engines[{j}].launcher of node {self.node.name}" if plan.engine.launcher
+                     else f"the default launcher of kind {plan.engine.kind.value}; set "
+                          f"engines[{j}].launcher of node {self.node.name}")
             procs = [EngineProcess(spec, plan.engine, self.log_dir, self.client,
-                                   on_change=self._dirty.set, npu=self.npu, instance=plan.id)
+                                   on_change=self._dirty.set, npu=self.npu, instance=plan.id,
+                                   start_attempts=attempts, launcher_field=field)
                      for spec in plan.processes]
             self.instances.append(EngineInstance(plan, procs))
         for inst in self.instances:
@@ -264,14 +297,17 @@ class NodeAgent:
     async def _control_loop(self) -> None:
         timeout = max(1.0, min(5.0, 2 * self.heartbeat_interval_s))
         backoff_min = min(0.2, self.heartbeat_interval_s)
-        backoff_max = max(5.0, self.heartbeat_interval_s)
+        backoff_max = max(backoff_min, self.heartbeat_interval_s)
         backoff = backoff_min
         outage_since: float | None = None
+        started = time.monotonic()
+        warned = False   # the outage of this try was logged at WARNING
         while True:
             try:
                 if not self.registered:
                     r = await self._post("/v1/nodes/register", self.registration(), timeout)
                     self.registered = True
+                    self._ever_registered = True
                     logger.info("node manager %s: registered %d instance(s) with %s (version %s)",
                                 self.node.name, len(self.instances), self.controller_url,
                                 r.get("version"))
@@ -287,17 +323,28 @@ class NodeAgent:
                     logger.info("node manager %s: controller %s reachable again after %.1f s",
                                 self.node.name, self.controller_url, time.monotonic() - outage_since)
                     outage_since = None
+                    warned = False
                 self.controller_reachable = True
                 backoff = backoff_min
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 self.controller_reachable = False
+                now = time.monotonic()
+                first = outage_since is None
                 if outage_since is None:
-                    outage_since = time.monotonic()
+                    outage_since = now
+                starting = not self._ever_registered
+                if starting and now - started < STARTUP_GRACE_S:
+                    if first:  # the controller may be starting too
+                        logger.info("node manager %s: controller %s not reachable yet (%s); "
+                                    "retrying", self.node.name, self.controller_url, _err(e))
+                elif not warned:
+                    warned = True
                     logger.warning("node manager %s: controller %s: %s; retrying with backoff "
-                                   "(logged once per outage)", self.node.name,
-                                   self.controller_url, _err(e))
+                                   "(logged once per outage)%s", self.node.name,
+                                   self.controller_url, _err(e),
+                                   f" ({now - started:.0f} s since start)" if starting else "")
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, backoff_max)
                 continue

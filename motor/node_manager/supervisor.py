@@ -12,6 +12,16 @@ was healthy. An engine that is not healthy within ``startup_timeout_s`` is stopp
 as a failed start. After ``max_restarts`` restarts within ``window_s`` the supervisor gives
 up: the process is ``failed`` (reported unhealthy to the controller, error in the log).
 
+Failed starts: an engine that ends before it was ever healthy (exits, or is stopped at
+``startup_timeout_s``) gets an error in the node manager's log with its exit status and the
+last lines of its own log for that run, so a bad flag or a missing model is visible where the
+node manager logs. ``start_attempts`` (``motor up`` sets it through the node manager's
+``MOTOR_ENGINE_START_ATTEMPTS``): that many failed starts in a row of an engine that was never
+healthy -> ``failed`` at once, without waiting for ``max_restarts`` (``None``: the restart
+policy alone decides). An engine whose launcher cannot be executed at all (no such file, not
+executable) is ``failed`` at once, naming the file and the config field: retrying would not
+make the file appear.
+
 Ports: before each (re)start the engine's port on its host must be free (a test bind with
 ``SO_REUSEADDR``). When another process listens there, the engine is not launched (it would
 die with EADDRINUSE while ``/health`` reached the foreign server): the process is
@@ -51,12 +61,18 @@ from motor.http import Client
 from motor.node_manager.engines import ProcessSpec, full_env
 from motor.node_manager.health import AicoreFn, HealthProbe, VirtualInference
 from motor.node_manager.npu import NpuMonitor, visible_devices
-from motor.procs import die_with_parent
+from motor.procs import (backoff_delay, describe_exit, die_with_parent, group_alive,
+                         tail_lines)
 
 logger = logging.getLogger(__name__)
 
 LOG_MAX_BYTES = 64 * 1024 * 1024
 LOG_BACKUPS = 3
+#: lines of an engine's own log quoted in the node manager's log when a start fails
+TAIL_LINES = 20
+#: spawn errors that another try cannot fix (the launcher's file is missing / not executable)
+_PERMANENT_SPAWN_ERRORS = (errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR,
+                           errno.EISDIR)
 
 
 class ProcState(str, enum.Enum):
@@ -70,39 +86,6 @@ class ProcState(str, enum.Enum):
 
 
 # ---------------------------------------------------------------- process groups
-def _pgrp_members(pgid: int) -> list[int] | None:
-    """Live (non-zombie) processes of group ``pgid`` from /proc, or None without /proc."""
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    out = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(b")") + 2:].split()
-        if len(rest) > 2 and int(rest[2]) == pgid and rest[0] != b"Z":
-            out.append(pid)
-    return out
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether process group ``pgid`` still has a live (non-zombie) member."""
-    members = _pgrp_members(pgid)
-    if members is not None:
-        return bool(members)
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def port_in_use(host: str, port: int) -> bool:
     """Whether another socket already listens on ``host:port``.
 
@@ -213,12 +196,6 @@ def rotate_log(path: str, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BAC
     return True
 
 
-def backoff_delay(n: int, initial_s: float, max_s: float) -> float:
-    """Delay before the ``n``-th consecutive restart (n >= 1)."""
-    factor: int = 2 ** max(0, n - 1)   # int ** int is Any to mypy (a negative power is a float)
-    return min(initial_s * factor, max_s)
-
-
 class EngineProcess:
     """Supervises one engine process (start, health, restart policy, stop).
 
@@ -236,13 +213,27 @@ class EngineProcess:
     instance : str
         the instance id (``<node>/<engine>/<i>``) for log messages; default the
         ``MOTOR_INSTANCE_ID`` of the process's env, else its name.
+    start_attempts : int or None
+        failed starts in a row, before the engine was ever healthy, after which it is
+        ``failed`` at once (``None``: only the restart policy decides).
+    launcher_field : str or None
+        the config field of the engine's launcher, named when it cannot be executed
+        (e.g. ``engines[0].launcher of node n0``).
     """
 
     def __init__(self, spec: ProcessSpec, engine: EngineConfig, log_dir: str, client: Client,
                  on_change: Callable[[], None] | None = None,
                  log_max_bytes: int = LOG_MAX_BYTES, clock: Callable[[], float] = time.monotonic,
-                 npu: NpuMonitor | None = None, instance: str | None = None) -> None:
+                 npu: NpuMonitor | None = None, instance: str | None = None,
+                 start_attempts: int | None = None, launcher_field: str | None = None) -> None:
         self.spec = spec
+        self.start_attempts = start_attempts
+        self.launcher_field = launcher_field or "launcher"
+        #: byte offset in the log file where the current run's output starts
+        self._log_offset = 0
+        #: the launcher could not be executed (no retry helps)
+        self._spawn_failed_for_good = False
+        self.ever_healthy = False
         self.instance = instance or spec.env.get("MOTOR_INSTANCE_ID") or spec.name
         self.engine = engine
         self.client = client
@@ -372,6 +363,7 @@ class EngineProcess:
             header = (f"\n==== motor: starting {self.name} at "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(self.spec.argv)}\n")
             os.write(fd, header.encode())
+            self._log_offset = os.lseek(fd, 0, os.SEEK_CUR)
             kwargs: dict[str, object] = {}
             if sys.platform.startswith("linux"):
                 kwargs["preexec_fn"] = _PDEATHSIG
@@ -381,9 +373,28 @@ class EngineProcess:
         finally:
             os.close(fd)
 
+    def _spawn_error(self, e: OSError) -> str:
+        """Why the engine could not be launched; a missing / non-executable launcher (no
+        retry helps) marks the engine for giving up and names the file and the field."""
+        exe = self.spec.argv[0] if self.spec.argv else "(empty argv)"
+        if e.errno in _PERMANENT_SPAWN_ERRORS:
+            self._spawn_failed_for_good = True
+            return (f"could not be started: cannot execute {exe!r} ({self.launcher_field}): "
+                    f"{e.strerror or e}")
+        return f"could not be started: {exe!r}: {e}"
+
+    def _log_failed_start(self, exit_reason: str, failed_starts: int) -> None:
+        """An error with the exit status and the last lines the engine wrote in this run."""
+        tail = tail_lines(self.log_path, TAIL_LINES, self._log_offset)
+        quoted = "\n".join(f"  | {ln}" for ln in tail) if tail else "  | (nothing)"
+        logger.error("engine %s (instance %s) %s during start-up (never healthy; failed start "
+                     "%d in a row); last lines of its log %s:\n%s", self.name, self.instance,
+                     exit_reason, failed_starts, self.log_path, quoted)
+
     async def _run(self) -> None:
         rcfg = self.engine.restart
         consecutive = 0
+        failed_starts = 0   # in a row, ended before the engine was healthy
         stop_wait = asyncio.create_task(self._stop.wait())
         try:
             while not self._stop.is_set():
@@ -396,6 +407,25 @@ class EngineProcess:
                 self.last_exit = rc
                 if was_healthy:
                     consecutive = 0
+                    failed_starts = 0
+                    self.ever_healthy = True
+                else:
+                    failed_starts += 1
+                if self._spawn_failed_for_good:
+                    logger.error("engine %s (instance %s) %s; not retrying", self.name,
+                                 self.instance, exit_reason)
+                    self._set(ProcState.FAILED, f"{exit_reason}; not retried")
+                    break
+                if not was_healthy:
+                    self._log_failed_start(exit_reason, failed_starts)
+                    if self.start_attempts is not None and not self.ever_healthy and \
+                            failed_starts >= self.start_attempts:
+                        msg = (f"{exit_reason} during start-up; giving up after {failed_starts} "
+                               f"failed start(s) in a row (never healthy); its log: "
+                               f"{self.log_path}")
+                        logger.error("engine %s (instance %s) %s", self.name, self.instance, msg)
+                        self._set(ProcState.FAILED, msg)
+                        break
                 # decide whether to restart
                 # a start-up timeout is a failure even when the engine then exits 0 on SIGTERM
                 clean = rc == 0 and not self._start_timed_out
@@ -465,7 +495,7 @@ class EngineProcess:
         try:
             proc = await self._spawn()
         except OSError as e:
-            return f"could not be started: {e}", None, False
+            return self._spawn_error(e), None, False
         self.proc = proc
         logger.info("engine %s started: pid %d, port %d, log %s", self.name, proc.pid,
                     self.spec.endpoint.port, self.log_path)
@@ -492,8 +522,7 @@ class EngineProcess:
                 if stop_wait.done():
                     break
                 if exit_wait.done():
-                    rc = proc.returncode
-                    why = f"exited with status {rc}"
+                    why = f"exited with {describe_exit(proc.returncode)}"
                     break
                 if not probe.ever_healthy and \
                         self.clock() - started >= self.engine.startup_timeout_s:

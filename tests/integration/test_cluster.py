@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from motor.config.load import parse_config
-from motor.up import Cluster
+from motor.cluster import Cluster, StartError
 from tests.support.procs import free_ports, pids_matching
 
 MODEL = "motor-sim"
@@ -40,12 +40,13 @@ def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("cluster")
     cfg, sims = make_config(d)
     c = Cluster(cfg, str(d / "logs"))
-    c.start()
     try:
-        if not c.wait_ready(90):
+        try:
+            c.start(90)
+        except StartError as e:
             logs = "\n".join(f"--- {f}\n" + (d / "logs" / f).read_text()[-3000:]
-                             for f in os.listdir(d / "logs"))
-            pytest.fail(f"cluster not ready; logs:\n{logs}")
+                             for f in os.listdir(d / "logs") if f.endswith(".log"))
+            pytest.fail(f"cluster not ready: {e}; logs:\n{logs}")
         yield c, sims
     finally:
         c.stop()

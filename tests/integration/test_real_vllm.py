@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from motor.config.load import parse_config
-from motor.up import Cluster
+from motor.cluster import Cluster, StartError
 from tests.support.procs import free_ports
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
@@ -241,10 +241,11 @@ def test_real_vllm_cluster_routes_restarts_and_serves_again(tmp_path: Path) -> N
     cluster = Cluster(cfg, str(logs))
     leaders: list[int] = []
     t0 = time.monotonic()
-    cluster.start()
     try:
-        if not cluster.wait_ready(360):
-            pytest.fail(f"cluster not ready: {cluster.dead()}\n{tail_logs(logs)}")
+        try:
+            cluster.start(360)
+        except StartError as e:
+            pytest.fail(f"cluster not ready: {e}\n{tail_logs(logs)}")
         print(f"\ntwo real vLLM engines ready behind the coordinator in {time.monotonic() - t0:.1f} s")
 
         def processes() -> dict[str, dict[str, Any]]:
@@ -294,7 +295,8 @@ def test_real_vllm_cluster_routes_restarts_and_serves_again(tmp_path: Path) -> N
                  300, "engine 0 restarted and ready", logs)
         assert not pid_alive(pid) and group_members(pid) == []  # its EngineCore went too
         assert processes()["n0/llm/0"]["last_exit"] == -signal.SIGKILL
-        wait_for(lambda: cluster.wait_ready(1.0), 60, "both endpoints routable again", logs)
+        wait_for(lambda: (cluster.routable() or 0) >= cluster.endpoints_wanted, 60,
+                 "both endpoints routable again", logs)
         print(f"engine 0 restarted and routable {time.monotonic() - t_kill:.1f} s after kill -9")
         before = engine_metric(e0, "vllm:request_success_total")
         for i in range(6):

@@ -39,7 +39,7 @@ import pytest
 
 from motor.config.load import parse_config
 from motor.coordinator.tokenize import Tokenizers
-from motor.up import Cluster
+from motor.cluster import Cluster, StartError
 from tests.integration.test_real_vllm import (ENGINE_ENV, ENGINE_FLAGS, LAUNCHER_MODULE, SERVED,
                                               engine_metric, http, tail_logs, vllm_python,
                                               wait_for, write_tiny_llama)
@@ -125,10 +125,11 @@ def test_real_vllm_kv_affinity_follows_real_kv_events(tmp_path: Path) -> None:
     url = cluster.url
     engines = {"a": ea, "b": eb}
     t0 = time.monotonic()
-    cluster.start()
     try:
-        if not cluster.wait_ready(360):
-            pytest.fail(f"cluster not ready: {cluster.dead()}\n{tail_logs(logs)}")
+        try:
+            cluster.start(360)
+        except StartError as e:
+            pytest.fail(f"cluster not ready: {e}\n{tail_logs(logs)}")
         print(f"\ntwo vLLM engines with KV events ready behind the coordinator in "
               f"{time.monotonic() - t0:.1f} s")
         # the registered subscriber addresses: connect to the ipc publisher, bind for the tcp one

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from motor.config.load import parse_config
-from motor.up import Cluster
+from motor.cluster import Cluster, StartError
 from tests.integration.test_real_vllm import (ENGINE_ENV, ENGINE_FLAGS, LAUNCHER_MODULE, SERVED,
                                               engine_metric, http, tail_logs, vllm_python,
                                               write_tiny_llama)
@@ -98,10 +98,11 @@ def test_real_vllm_pd_prefill_first_decode_loads_the_prefill_kv(tmp_path: Path) 
     }, "test")
     cluster = Cluster(cfg, str(logs))
     t0 = time.monotonic()
-    cluster.start()
     try:
-        if not cluster.wait_ready(360):
-            pytest.fail(f"cluster not ready: {cluster.dead()}\n{tail_logs(logs)}")
+        try:
+            cluster.start(360)
+        except StartError as e:
+            pytest.fail(f"cluster not ready: {e}\n{tail_logs(logs)}")
         print(f"\nprefill + decode vLLM engines ready behind the coordinator in "
               f"{time.monotonic() - t0:.1f} s")
         for i, (chat, stream) in enumerate([(False, False), (False, True), (True, False),

@@ -193,7 +193,8 @@ def test_long_poll_immediate_change_and_timeout(r: Registry) -> None:
         assert t.version == v
         # no "after": at once
         assert (await asyncio.wait_for(r.wait(None, 30), 5)).version == v
-        # a version from another incarnation (higher): at once
+        # a version from another incarnation (higher), after the warm-up: at once
+        r.clock.t += r.warmup_s  # type: ignore[attr-defined]
         assert (await asyncio.wait_for(r.wait(v + 100, 30), 5)).version == v
         # waits, then wakes on a change
         waiter = asyncio.create_task(r.wait(v, 30))
@@ -218,4 +219,29 @@ def test_long_poll_wakes_many_watchers(r: Registry) -> None:
         r.deregister("n")
         tables = await asyncio.wait_for(asyncio.gather(*waiters), 5)
         assert all(t.version > v and t.instances == [] for t in tables)
+    asyncio.run(go())
+
+
+def test_restarted_registry_holds_followers_of_another_incarnation(clock) -> None:
+    """A new controller does not answer a follower of the old one with a table that lacks the
+    nodes it has not heard from yet: the poll is held for the warm-up."""
+    async def go() -> None:
+        r = Registry(heartbeat_timeout_s=5, clock=clock, initial_version=1000, warmup_s=5)
+        old = 900   # the last version the previous controller published
+        waiter = asyncio.create_task(r.wait(old, 30))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        waiter.cancel()
+        # a follower that never had a table, or one of this incarnation: at once
+        assert (await asyncio.wait_for(r.wait(None, 30), 5)).version == 1000
+        assert (await asyncio.wait_for(r.wait(0, 30), 5)).version == 1000
+        r.register(reg("n", spec("a", healthy=True)))
+        assert (await asyncio.wait_for(r.wait(1000, 30), 5)).version == 1001
+        # the warm-up is over: at once, with what the nodes registered meanwhile
+        clock.t += 5
+        t = await asyncio.wait_for(r.wait(old, 30), 5)
+        assert t.version == 1001 and [i.id for i in t.instances] == ["a"]
+        # held at most the poll's own timeout
+        r2 = Registry(clock=clock, initial_version=5000, warmup_s=100)
+        assert (await asyncio.wait_for(r2.wait(900, 0.05), 5)).version == 5000
     asyncio.run(go())

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -328,4 +329,55 @@ def test_process_alive() -> None:
         proc.kill()
         await proc.wait()
         assert not process_alive(proc)
+    run_uvloop(go())
+
+
+def _make_argv(tmp: Path, argv: list[str], **kw: Any) -> tuple[EngineProcess, Client]:
+    port = free_ports()
+    eng = EngineConfig(name="e", kind="sim", model="m", base_port=port, health_interval_s=0.05,
+                       restart={"backoff_initial_s": 0.05, "backoff_max_s": 0.1})
+    spec = ProcessSpec(name="n-e-0", argv=argv, env={},
+                       endpoint=Endpoint(host="127.0.0.1", port=port))
+    client = Client()
+    return EngineProcess(spec, eng, str(tmp), client, **kw), client
+
+
+def test_failed_starts_log_the_engines_last_lines_and_give_up_after_start_attempts(
+        tmp_path: Path, caplog: Any) -> None:
+    """An engine that dies before it is healthy: the node manager's log says its exit status
+    and quotes what it wrote; after start_attempts such starts in a row it is failed."""
+    script = "import sys; print('usage: engine [--x N]'); print('engine: error: bad --x'); " \
+             "sys.exit(2)"
+
+    async def go() -> None:
+        ep, client = _make_argv(tmp_path, [sys.executable, "-c", script], start_attempts=2)
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.FAILED, 30, "give up")
+        assert ep.restarts == 1 and ep.last_exit == 2
+        assert "exited with status 2 during start-up; giving up after 2 failed start(s) in a " \
+               "row (never healthy); its log: " + ep.log_path == ep.reason
+        await ep.stop()
+        client.close()
+    caplog.set_level("INFO", logger="motor.node_manager.supervisor")
+    run_uvloop(go())
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    first = next(m for m in errors if "failed start 1 in a row" in m)
+    assert "engine n-e-0 (instance n-e-0) exited with status 2 during start-up" in first
+    # this run's lines only (the log holds both runs), quoted
+    assert first.endswith(":\n  | usage: engine [--x N]\n  | engine: error: bad --x")
+
+
+def test_a_missing_launcher_fails_at_once_naming_the_file_and_the_field(tmp_path: Path) -> None:
+    async def go() -> None:
+        ep, client = _make_argv(tmp_path, ["/no/such/binary", "--port", "1"],
+                                launcher_field="engines[0].launcher of node n")
+        ep.start()
+        await await_until(lambda: ep.state is ProcState.FAILED, 10, "failed")
+        assert ep.restarts == 0
+        assert ep.reason == ("could not be started: cannot execute '/no/such/binary' "
+                             "(engines[0].launcher of node n): No such file or directory; "
+                             "not retried")
+        await ep.stop()
+        assert ep.state is ProcState.FAILED
+        client.close()
     run_uvloop(go())
