@@ -337,6 +337,7 @@ class HttpProtocol(asyncio.Protocol):
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        expect = None
         for k, v in self._headers:
             if k == b"content-length":
                 try:
@@ -344,9 +345,28 @@ class HttpProtocol(asyncio.Protocol):
                 except ValueError:
                     n = -1
                 if n > self._server.max_body_bytes:
+                    # a final status before the body, also with Expect (RFC 9110 10.1.1)
                     self._reject(413, f"request body of {n} bytes is larger than the limit of "
                                       f"{self._server.max_body_bytes} bytes")
-                break
+                    return
+            elif k == b"expect":
+                expect = v
+        if expect is not None:
+            self._expect(expect)
+
+    def _expect(self, value: bytes) -> None:
+        """``Expect: 100-continue`` (RFC 9110 section 10.1.1): tell the client to send the
+        body now (curl waits 1 s for it on every large upload otherwise); any other
+        expectation: 417. The interim answer is written only when no earlier response of a
+        pipelined request is still being sent on this connection (the client then sends its
+        body after its own wait)."""
+        if value.strip().lower() != b"100-continue":
+            self._reject(417, f"expectation {value[:100].decode('latin-1')!r} is not "
+                              "supported: expected 100-continue")
+            return
+        if self._parser.get_http_version() != "1.0" and self._task is None \
+                and self._transport is not None and not self.closed:
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         if self._rejected:
