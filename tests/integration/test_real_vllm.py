@@ -306,7 +306,7 @@ def test_real_vllm_cluster_routes_restarts_and_serves_again(tmp_path: Path) -> N
         assert engine_metric(e0, "vllm:request_success_total") > before  # the new engine serves
         leaders = [p["pid"] for p in processes().values()] + [pid]
     finally:
-        cluster.stop(timeout_s=60)
+        cluster.stop()
     # no engine process (nor any member of its group) is left behind
     time.sleep(0.5)
     left = {p: group_members(p) for p in leaders if p}

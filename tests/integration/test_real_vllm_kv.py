@@ -270,5 +270,5 @@ def test_real_vllm_kv_affinity_follows_real_kv_events(tmp_path: Path) -> None:
         assert applied["stored"] >= 2 and batches >= 2 and dropped == 0 and gaps == 0
         assert matched > 0
     finally:
-        cluster.stop(timeout_s=60)
+        cluster.stop()
         shutil.rmtree(sock_dir, ignore_errors=True)
