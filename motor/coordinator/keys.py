@@ -21,7 +21,7 @@ in a dict of the plaintext keys' digests and of the digests of presented keys al
 against a hashed entry. A lookup's timing depends on the digest only, never on the key's
 characters, so it cannot be used to guess a key byte by byte. A key not found there is checked
 against the hashed entries by :meth:`KeyStore.verify`, in a thread (PBKDF2 at 600k iterations
-is about 0.3 s of CPU per entry, never on the event loop), at most
+is about 0.13 s of CPU per entry on a 2-core CI machine, never on the event loop), at most
 ``max_concurrent_verifications`` at a time; digests that failed are remembered (bounded) so a
 client repeating a wrong key costs one derivation, not one per request.
 
