@@ -14,7 +14,8 @@ from collections.abc import Collection, Iterator
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag,
+                      field_validator, model_validator)
 
 from motor.config.engine_flags import MANAGED_FLAGS, flag_key, managed_flags
 
@@ -298,6 +299,15 @@ class ApiKeyConfig(_Strict):
                                  "`<salt hex>:<iterations>:<hash hex>` (docs/security.md)")
 
 
+def _key_item_kind(v: Any) -> str:
+    return "key" if isinstance(v, dict | ApiKeyConfig) else "text"
+
+
+#: an entry of ``coordinator.api_keys``: a key (text) or ``{name, key}``
+ApiKeyItem = Annotated[Annotated[str, Tag("text")] | Annotated[ApiKeyConfig, Tag("key")],
+                       Discriminator(_key_item_kind)]
+
+
 class KeyLimitConfig(_Strict):
     """Limits and scheduling of one key (or of every key not listed)."""
     rpm: float | None = Field(None, gt=0, description="requests per minute; null = unlimited")
@@ -361,7 +371,8 @@ class CoordinatorConfig(_Strict):
     max_connections_per_endpoint: int = Field(
         1024, ge=1, description="cap of pooled upstream connections per engine endpoint")
     health_check_interval_s: float = Field(
-        1.0, gt=0, description="standalone mode: period of the coordinator's own /health probes")
+        1.0, gt=0, description="period of the coordinator's reads of its endpoints' /v1/models (both "
+                               "modes) and, standalone, of its own /health probes")
     health_check_timeout_s: float = Field(2.0, gt=0)
     health_failures: int = Field(3, ge=1, description="standalone: consecutive failed probes -> endpoint out")
     kv: KvRoutingConfig = Field(default_factory=KvRoutingConfig)
@@ -374,7 +385,7 @@ class CoordinatorConfig(_Strict):
                     "/metrics aggregated); null = none (each worker still answers them on `port`)")
     drain_timeout_s: float = Field(
         10.0, gt=0, description="on SIGTERM: how long in-flight requests may take to finish")
-    api_keys: list[str | ApiKeyConfig] = Field(
+    api_keys: list[ApiKeyItem] = Field(
         default_factory=list, repr=False,
         description="keys clients must send as `Authorization: Bearer <key>` on the inference "
                     "routes and `/v1/models` (others get 401 with an OpenAI error body and "

@@ -60,6 +60,20 @@ BAD: list[tuple[str, str, list[str]]] = [
                                        "{name: a, model: m, base_port: 18110}"),
      ["nodes[0].engines: engine names must be unique within a node, got 'a' twice"]),
     # -- typos of keys (on purpose: codespell is told to leave them) -------------------------
+    # -- the edge (issue 17) ------------------------------------------------------------
+    ("priority_not_a_class",
+     "coordinator:\n  limits:\n    keys: {a: {priority: gold}}\n",
+     ["coordinator.limits.keys.a.priority", "'gold'", "interactive, batch"]),
+    ("rpm_zero", "coordinator:\n  limits:\n    default: {rpm: 0}\n",
+     ["coordinator.limits.default.rpm", "got 0"]),
+    ("tls_without_cert", "coordinator:\n  tls: {key_file: k.pem}\n",
+     ["coordinator.tls.cert_file", "missing"]),
+    ("api_key_entry_without_name", "coordinator:\n  api_keys: [{key: sk-1}]\n",
+     ["coordinator.api_keys[0]", "name"]),
+    ("admission_negative_cap", "coordinator:\n  admission: {max_in_flight: -1}\n",
+     ["coordinator.admission.max_in_flight", "got -1"]),
+    ("admission_no_classes", "coordinator:\n  admission: {classes: []}\n",
+     ["coordinator.admission.classes", "got []"]),
     ("top_level_typo", "contoller:\n  port: 18500\n",  # codespell:ignore contoller
      ["contoller", "unknown field", "did you mean 'controller'",  # codespell:ignore contoller
       "got 'contoller'"]),  # codespell:ignore contoller
