@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import enum
+import types
 import typing
 
 from pydantic import BaseModel
@@ -39,7 +40,13 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
 
 
 def _type(ann: object) -> str:
+    if typing.get_origin(ann) is typing.Annotated:   # validators / tags: the base type
+        return _type(typing.get_args(ann)[0])
+    if typing.get_origin(ann) is list:
+        return f"list[{_type(typing.get_args(ann)[0])}]"
     args = typing.get_args(ann)
+    if typing.get_origin(ann) in (typing.Union, types.UnionType) and type(None) not in args:
+        return " \\| ".join(_type(a) for a in args)
     if args and type(None) in args:  # Optional[X] -> "X or null"
         inner = [a for a in args if a is not type(None)]
         if len(inner) == 1:
