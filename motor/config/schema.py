@@ -112,6 +112,11 @@ class ControllerConfig(_Strict):
 class TimeoutConfig(_Strict):
     """Upstream timeouts of the coordinator, in seconds. There is no total-duration limit."""
     connect_s: float = Field(5.0, gt=0, description="TCP connect to an engine")
+    pool_wait_s: float = Field(
+        10.0, gt=0, description="longest wait for a free connection when all "
+                                "`max_connections_per_endpoint` of an engine are busy; then "
+                                "the request is retried elsewhere (not counted against the "
+                                "engine's breaker) or answered 503")
     first_token_s: float = Field(600.0, gt=0, description="request sent -> first byte of the answer")
     idle_s: float = Field(600.0, gt=0, description="longest silence between two chunks of an answer")
     keepalive_s: float = Field(
@@ -370,6 +375,13 @@ class CoordinatorConfig(_Strict):
         75.0, gt=0, description="an idle client keep-alive connection is closed after this long")
     max_connections_per_endpoint: int = Field(
         1024, ge=1, description="cap of pooled upstream connections per engine endpoint")
+    max_idle_connections_per_endpoint: int = Field(
+        64, ge=0, description="idle keep-alive connections kept per engine endpoint; more are "
+                              "closed when released (after a burst)")
+    send_timeout_s: float = Field(
+        60.0, ge=0, description="a client that reads nothing of its answer for this long (its "
+                                "socket buffer stays full) is disconnected and its engine "
+                                "request ended; 0 = never")
     health_check_interval_s: float = Field(
         1.0, gt=0, description="period of the coordinator's reads of its endpoints' /v1/models (both "
                                "modes) and, standalone, of its own /health probes")

@@ -50,7 +50,9 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
         logger.warning("coordinator.upstream_tls.verify is false: engines' certificates are "
                        "not checked")
     client = Client(max_connections_per_endpoint=c.max_connections_per_endpoint,
-                    connect_timeout_s=c.timeouts.connect_s, tls=upstream_tls)
+                    connect_timeout_s=c.timeouts.connect_s, tls=upstream_tls,
+                    pool_wait_s=c.timeouts.pool_wait_s,
+                    max_idle_per_endpoint=c.max_idle_connections_per_endpoint)
     for b in https:
         _, host, port = parse_backend(b)
         client.use_tls(host, port)
@@ -100,7 +102,8 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
 
     server = HttpServer(coord.router, max_body_bytes=c.max_body_bytes,
                         request_read_timeout_s=c.request_read_timeout_s,
-                        keepalive_timeout_s=c.keepalive_timeout_s)
+                        keepalive_timeout_s=c.keepalive_timeout_s,
+                        send_timeout_s=c.send_timeout_s)
     port = await server.listen(c.host, c.port, reuse_port=reuse_port, tls=server_tls)
     mode = f"standalone, {len(backends)} backend(s)" if backends else \
         f"following controller {controller_url or cfg.controller.url}"

@@ -24,7 +24,9 @@ _HIGH_WATER = 1 << 20  # pause reading an upstream socket above 1 MiB of unread 
 
 
 class UpstreamTimeout(asyncio.TimeoutError):
-    """An upstream did not answer in time (connect, first byte or idle between chunks)."""
+    """An upstream did not answer in time: ``phase`` is ``connect``, ``first_byte``,
+    ``idle`` (between chunks) or ``pool`` (no free connection of the endpoint's pool within
+    ``pool_wait_s``: the request never left)."""
 
     def __init__(self, phase: str, timeout_s: float) -> None:
         super().__init__(f"upstream {phase} timeout after {timeout_s:g} s")
@@ -38,6 +40,11 @@ class UpstreamClosed(ConnectionError):
     def __init__(self, msg: str, *, before_response: bool) -> None:
         super().__init__(msg)
         self.before_response = before_response
+
+
+def _expire_wait(fut: asyncio.Future[None], wait_s: float) -> None:
+    if not fut.done():
+        fut.set_exception(UpstreamTimeout("pool", wait_s))
 
 
 class _Conn(asyncio.Protocol):
@@ -278,13 +285,22 @@ class Pool:
     connect_timeout_s : float
     tls : ssl.SSLContext or None
         HTTPS: connections are TLS with this client context (server name = ``host``).
+    pool_wait_s : float or None
+        Longest wait for a free connection when all ``max_connections`` are busy, then
+        :class:`UpstreamTimeout` ``("pool", pool_wait_s)``; ``None`` = no bound.
+    max_idle : int
+        Idle keep-alive connections kept at most; one more released is closed (a burst
+        does not leave thousands of engine connections open).
     """
 
     def __init__(self, host: str, port: int, max_connections: int = 1024,
-                 connect_timeout_s: float = 5.0, tls: ssl.SSLContext | None = None) -> None:
+                 connect_timeout_s: float = 5.0, tls: ssl.SSLContext | None = None,
+                 pool_wait_s: float | None = None, max_idle: int = 1024) -> None:
         self.host = host
         self.port = port
         self.tls = tls
+        self.pool_wait_s = pool_wait_s
+        self.max_idle = max_idle
         self.max_connections = max_connections
         self.connect_timeout_s = connect_timeout_s
         self._idle: deque[_Conn] = deque()
@@ -328,11 +344,16 @@ class Pool:
                     self._open -= 1
                     self._wake_one()
                     raise
-            fut = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
             self._waiters.append(fut)
+            timer = loop.call_later(self.pool_wait_s, _expire_wait, fut, self.pool_wait_s) \
+                if self.pool_wait_s is not None else None
             try:
                 await fut
             finally:
+                if timer is not None:
+                    timer.cancel()
                 if not fut.done():
                     fut.cancel()
 
@@ -345,6 +366,10 @@ class Pool:
 
     def _release(self, c: _Conn) -> None:
         if c.closed or self.closed:
+            self._drop(c)
+            return
+        if len(self._idle) >= self.max_idle and not self._waiters:
+            c.close()       # enough idle ones: this one goes (counted out by _drop)
             self._drop(c)
             return
         c._reset()
@@ -425,14 +450,18 @@ class Pool:
 
 class Client:
     """Pools by (host, port), created on first use. ``tls``: the client context of the
-    endpoints marked HTTPS with :meth:`use_tls` (the others stay plain HTTP)."""
+    endpoints marked HTTPS with :meth:`use_tls` (the others stay plain HTTP);
+    ``pool_wait_s`` and ``max_idle_per_endpoint``: see :class:`Pool`."""
 
     def __init__(self, max_connections_per_endpoint: int = 1024,
-                 connect_timeout_s: float = 5.0, tls: ssl.SSLContext | None = None) -> None:
+                 connect_timeout_s: float = 5.0, tls: ssl.SSLContext | None = None,
+                 pool_wait_s: float | None = None, max_idle_per_endpoint: int = 1024) -> None:
         self._pools: dict[tuple[str, int], Pool] = {}
         self.max_connections = max_connections_per_endpoint
         self.connect_timeout_s = connect_timeout_s
         self.tls = tls
+        self.pool_wait_s = pool_wait_s
+        self.max_idle = max_idle_per_endpoint
         self._tls_endpoints: set[tuple[str, int]] = set()
 
     def use_tls(self, host: str, port: int) -> None:
@@ -452,7 +481,8 @@ class Client:
         p = self._pools.get(key)
         if p is None:
             p = self._pools[key] = Pool(host, port, self.max_connections, self.connect_timeout_s,
-                                        self.tls if key in self._tls_endpoints else None)
+                                        self.tls if key in self._tls_endpoints else None,
+                                        self.pool_wait_s, self.max_idle)
         return p
 
     def discard(self, host: str, port: int) -> None:

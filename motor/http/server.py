@@ -256,7 +256,7 @@ class HttpProtocol(asyncio.Protocol):
 
     __slots__ = ("_server", "_transport", "_parser", "_url", "_headers", "_body", "_body_len",
                  "_queue", "_task", "closed", "_paused", "_drain_waiter", "_peer", "_rejected",
-                 "deadline", "_reading",
+                 "deadline", "_reading", "send_deadline",
                  "_current")
 
     def __init__(self, server: HttpServer) -> None:
@@ -279,6 +279,8 @@ class HttpProtocol(asyncio.Protocol):
         #: reading one request (headers + body) or waiting idle for the next one
         self.deadline = 0.0
         self._reading = False
+        #: loop time after which a client that stopped reading is cut (0 = not stalled)
+        self.send_deadline = 0.0
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -314,9 +316,13 @@ class HttpProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused = True
+        t = self._server.send_timeout_s
+        if t:
+            self.send_deadline = self._server.loop_time() + t
 
     def resume_writing(self) -> None:
         self._paused = False
+        self.send_deadline = 0.0
         w = self._drain_waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -479,6 +485,17 @@ class HttpProtocol(asyncio.Protocol):
         else:
             self.close()
 
+    def send_timed_out(self) -> None:
+        """Called by the sweeper: the client read nothing for ``send_timeout_s`` while answers
+        waited in its socket buffer. The connection is aborted (a close would wait for the
+        buffer to drain, which never happens); the handler is cancelled with it, which ends
+        the upstream request."""
+        self.send_deadline = 0.0
+        logger.info("client %s stopped reading for %g s: connection closed", self._peer,
+                    self._server.send_timeout_s)
+        if self._transport is not None:
+            self._transport.abort()
+
     def write(self, data: bytes) -> None:
         if not self.closed and self._transport is not None:
             self._transport.write(data)
@@ -515,11 +532,14 @@ class HttpServer:
     """
 
     def __init__(self, handler: Handler, max_body_bytes: int = 64 * 1024 * 1024,
-                 request_read_timeout_s: float = 30.0, keepalive_timeout_s: float = 75.0) -> None:
+                 request_read_timeout_s: float = 30.0, keepalive_timeout_s: float = 75.0,
+                 send_timeout_s: float = 0.0) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
         self.request_read_timeout_s = request_read_timeout_s
         self.keepalive_timeout_s = keepalive_timeout_s
+        #: a client whose socket stays full this long is cut (0 = never)
+        self.send_timeout_s = send_timeout_s
         self._sweeper: asyncio.Task[None] | None = None
         self.loop_time = time.monotonic
         self.connections: set[HttpProtocol] = set()
@@ -551,13 +571,16 @@ class HttpServer:
         """Close connections past their deadline: a request whose headers and body did not arrive
         within ``request_read_timeout_s`` gets 408; an idle keep-alive connection silent for
         ``keepalive_timeout_s`` is closed (slow or abandoned clients never hold sockets forever)."""
-        step = min(1.0, self.request_read_timeout_s / 4, self.keepalive_timeout_s / 4)
+        step = min(1.0, self.request_read_timeout_s / 4, self.keepalive_timeout_s / 4,
+                   (self.send_timeout_s or 4.0) / 4)
         while True:
             await asyncio.sleep(step)
             now = self.loop_time()
             for c in list(self.connections):
                 if c.deadline and now > c.deadline:
                     c.timed_out()
+                if c.send_deadline and now > c.send_deadline:
+                    c.send_timed_out()
 
     async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
         """Stop accepting, wait up to ``drain_timeout_s`` for in-flight requests, close the rest."""

@@ -32,7 +32,8 @@ class Gateway:
         backends are HTTPS with that client context."""
         self.cfg = CoordinatorConfig(**cfg)
         self.client = Client(self.cfg.max_connections_per_endpoint, self.cfg.timeouts.connect_s,
-                             tls=upstream_tls)
+                             tls=upstream_tls, pool_wait_s=self.cfg.timeouts.pool_wait_s,
+                             max_idle_per_endpoint=self.cfg.max_idle_connections_per_endpoint)
         if https:
             for _role, host, port in backends:
                 self.client.use_tls(host, port)
@@ -40,7 +41,8 @@ class Gateway:
         self.table = EndpointTable(self.client)
         self.table.set_static(backends)
         self.coord = Coordinator(self.cfg, self.table, make_policy(self.cfg.policy.value))
-        self.server = HttpServer(self.coord.router, max_body_bytes=self.cfg.max_body_bytes)
+        self.server = HttpServer(self.coord.router, max_body_bytes=self.cfg.max_body_bytes,
+                                 send_timeout_s=self.cfg.send_timeout_s)
         self.probe = StaticBackends(self.table, self.cfg.health_check_interval_s,
                                     self.cfg.health_check_timeout_s, self.cfg.health_failures) \
             if probe else None

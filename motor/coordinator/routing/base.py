@@ -277,8 +277,13 @@ def transport_failed(ep: EndpointState, e: BaseException) -> str | None:
     """Count a transport failure on ``ep`` (``upstream_errors``, breaker) before any answer
     reached the client. Returns the retry reason (``connect_timeout``, ``connect`` for a
     refused connection, ``closed``) when the request may go to another endpoint; ``None``
-    for a timeout once connected (the engine may be working on it: not retried)."""
+    for a timeout once connected (the engine may be working on it: not retried). A wait for a
+    free pooled connection that timed out (``pool_wait``) is retried, not held against the
+    endpoint's breaker."""
     if isinstance(e, UpstreamTimeout):
+        if e.phase == "pool":   # every connection busy: a full endpoint, not a failing one
+            metrics.UPSTREAM_ERRORS.labels(ep.url, "pool_wait").inc()
+            return "pool_wait"
         metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
         ep.failed()
         return "connect_timeout" if e.phase == "connect" else None
@@ -394,6 +399,11 @@ def past_prefill(block: bytes) -> bool:
     return False
 
 
+#: an engine's SSE event (the bytes up to its blank line) above this ends the leg as an
+#: upstream failure: a stream without event boundaries is not held in memory without end
+MAX_SSE_EVENT_BYTES = 16 * 1024 * 1024
+
+
 async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, route: Route,
                     t0: float, first: bool, idle_timeout_s: float,
                     on_first: Callable[[], object] | None = None,
@@ -408,7 +418,8 @@ async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, r
     (:func:`past_prefill`).
 
     Returns (the error that ended the leg or ``None``, whether anything was written). A
-    tail without a closing blank line is passed on as sent (case B04 b).
+    tail without a closing blank line is passed on as sent (case B04 b); an event longer
+    than :data:`MAX_SSE_EVENT_BYTES` ends the leg with :class:`UpstreamClosed`.
     """
     tail = b""
     wrote = False
@@ -432,6 +443,10 @@ async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, r
             cut = chunk.rfind(b"\n\n")
             if cut < 0:
                 tail = chunk
+                if len(tail) > MAX_SSE_EVENT_BYTES:
+                    up.close()
+                    raise UpstreamClosed(f"SSE event larger than {MAX_SSE_EVENT_BYTES} bytes "
+                                         f"from the engine", before_response=False)
                 continue
             if cut + 2 < len(chunk):
                 tail = chunk[cut + 2:]
