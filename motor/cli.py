@@ -130,10 +130,12 @@ def _url_parts(text: str, schemes: tuple[str, ...]) -> tuple[bool, str]:
 
 
 def http_url(text: str) -> str:
-    """argparse type: ``http://HOST:PORT`` (a motor component: the controller)."""
-    ok, path = _url_parts(text, ("http",))
+    """argparse type: ``http://HOST:PORT`` or ``https://HOST:PORT`` (a motor component: the
+    controller; https with ``controller.tls``)."""
+    ok, path = _url_parts(text, ("http", "https"))
     if not ok or path not in ("", "/"):
-        raise argparse.ArgumentTypeError(f"expected a URL http://HOST:PORT, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a URL http://HOST:PORT or https://HOST:PORT, got {text!r}")
     return text
 
 
@@ -199,7 +201,7 @@ def log_directory(text: str) -> str:
 HELP_CONFIG = "cluster config file, YAML or JSON"
 HELP_HOST = "address to listen on"
 HELP_PORT = "port to listen on"
-HELP_CONTROLLER = "the controller's URL, http://HOST:PORT"
+HELP_CONTROLLER = "the controller's URL, http://HOST:PORT (https://HOST:PORT with controller.tls)"
 HELP_LOG_DIR = "directory of the log files"
 CONFIG_DEFAULT = "the embedded default config"
 CONTROLLER_DEFAULT = "controller.host and controller.port of the config"

@@ -48,6 +48,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -187,17 +188,27 @@ class Cluster:
         self.config_path: str | None = None
         self._instances_checked = 0.0
         self._threads: list[threading.Thread] = []
+        #: this process's client contexts for the controller and the coordinator (TLS on:
+        #: :meth:`tls_contexts`, made by :meth:`start`)
+        self._ctl_tls: ssl.SSLContext | None = None
+        self._coord_tls: ssl.SSLContext | None = None
+        #: the last failure of a probe, per URL (said when the start-up bound passes)
+        self._probe_errors: dict[str, str] = {}
 
     # ------------------------------------------------------------------ views
     @property
     def url(self) -> str:
+        """The coordinator's base URL, ``https://`` with ``coordinator.tls``."""
         c = self.cfg.coordinator
-        return f"http://{_connect_host(c.host)}:{c.port}"
+        scheme = "https" if c.tls is not None else "http"
+        return f"{scheme}://{_connect_host(c.host)}:{c.port}"
 
     @property
     def controller_url(self) -> str:
+        """Where this process reaches the controller, ``https://`` with ``controller.tls``."""
         c = self.cfg.controller
-        return f"http://{_connect_host(c.host)}:{c.port}"
+        scheme = "https" if c.tls is not None else "http"
+        return f"{scheme}://{_connect_host(c.host)}:{c.port}"
 
     @property
     def endpoints_wanted(self) -> int:
@@ -227,6 +238,50 @@ class Cluster:
                 except OSError:
                     busy.append(f"{field} = {port} on {host}")
         return busy
+
+    def tls_contexts(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+        """(controller, coordinator) client contexts of this process's probes, made from the
+        config (None for a plain-HTTP one); every TLS file of the config is loaded once, so a
+        bad one is an error before anything starts.
+
+        * controller (``controller.tls``): its certificate checked against
+          ``controller.tls.ca_file`` and the host name, ``controller.tls.cert_file`` presented
+          (the node managers, which present the same, are probed through the controller);
+        * coordinator (``coordinator.tls``): its certificate checked against the system's CAs
+          and ``controller.tls.ca_file`` when set; with ``coordinator.tls.client_ca_file``
+          the control-plane certificate is presented (so that CA must have signed it).
+
+        Raises
+        ------
+        ConfigError
+            a file that is missing or does not load (the field named);
+            ``coordinator.tls.client_ca_file`` without ``controller.tls`` (no certificate to
+            present to the coordinator's readiness probe).
+        """
+        from motor.control_tls import check
+        from motor.control_tls import client_context as control_client
+        from motor.http.tls import client_context, server_context
+        ctl, coord = self.cfg.controller.tls, self.cfg.coordinator.tls
+        check(ctl)
+        ctl_ctx = control_client(ctl) if ctl is not None else None
+        coord_ctx = None
+        if coord is not None:
+            server_context(coord.cert_file, coord.key_file, coord.key_password_file,
+                           coord.client_ca_file)   # what the coordinator will load
+            if coord.client_ca_file and ctl is None:
+                raise ConfigError(
+                    f"invalid config {self.source}: coordinator.tls.client_ca_file: motor up's "
+                    f"readiness probe of the coordinator needs a client certificate; expected "
+                    f"controller.tls (its cert_file is presented, signed by that CA), got "
+                    f"controller.tls null")
+            if ctl is not None:
+                coord_ctx = client_context(
+                    ctl.ca_file, cert_file=ctl.cert_file if coord.client_ca_file else None,
+                    key_file=ctl.key_file, key_password_file=ctl.key_password_file,
+                    field="controller.tls")
+            else:
+                coord_ctx = client_context(field="coordinator.tls")
+        return ctl_ctx, coord_ctx
 
     def launcher_problems(self) -> list[str]:
         """Engines whose command cannot be run on this machine, one line each naming the
@@ -285,6 +340,7 @@ class Cluster:
         problems = self.launcher_problems()
         if problems:
             raise ConfigError(f"invalid config {self.source}:\n  " + "\n  ".join(problems))
+        self._ctl_tls, self._coord_tls = self.tls_contexts()
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
         fd, self.config_path = tempfile.mkstemp(prefix="motor-cluster-", suffix=".json")
@@ -297,7 +353,9 @@ class Cluster:
         self._spawn(ctl)
         if not self._wait(lambda: self._controller_ready(), deadline, should_stop,
                           lambda: f"the controller did not answer GET {self.controller_url}"
-                                  f"/health within {timeout_s:g} s", lambda: [ctl]):
+                                  f"/health within {timeout_s:g} s"
+                                  + self._probe_error(self.controller_url + "/health"),
+                          lambda: [ctl]):
             return False
         nodes = []
         for node in cfg.nodes:
@@ -413,7 +471,7 @@ class Cluster:
         n = self.routable()
         if n is None:
             return (f"the coordinator did not answer GET {self.url}/readiness within "
-                    f"{timeout_s:g} s")
+                    f"{timeout_s:g} s" + self._probe_error(self.url + "/readiness"))
         waiting = [f"{i.get('id')} ({i.get('state')}: {i.get('reason')})"
                    for i in self.instances() or [] if i.get("state") != "ready"]
         return (f"{n} of {self.endpoints_wanted} engine endpoint(s) routable after "
@@ -427,14 +485,23 @@ class Cluster:
         return out + ([coord] if coord is not None else [])
 
     # ------------------------------------------------------------------ probes
+    def _get(self, url: str, any_status: bool = False) -> Any:
+        """:func:`_get_json` with this process's TLS context for ``url``'s component."""
+        ctx = self._coord_tls if url.startswith(self.url + "/") else self._ctl_tls
+        return _get_json(url, any_status=any_status, context=ctx, errors=self._probe_errors)
+
+    def _probe_error(self, url: str) -> str:
+        why = self._probe_errors.get(url)
+        return f" (last try: {why})" if why else ""
+
     def _controller_ready(self) -> bool:
-        return _get_json(self.controller_url + "/health") is not None
+        return self._get(self.controller_url + "/health") is not None
 
     def _coordinator_live(self) -> bool:
-        return _get_json(self.url + "/health") is not None
+        return self._get(self.url + "/health") is not None
 
     def _registered_nodes(self) -> set[str] | None:
-        got = _get_json(self.controller_url + "/v1/nodes")
+        got = self._get(self.controller_url + "/v1/nodes")
         if not isinstance(got, dict):
             return None
         return {str(n.get("node")) for n in got.get("nodes") or [] if isinstance(n, dict)}
@@ -444,14 +511,14 @@ class Cluster:
 
     def instances(self) -> list[dict[str, Any]] | None:
         """The controller's instance table now (None when it does not answer)."""
-        got = _get_json(self.controller_url + "/v1/instances")
+        got = self._get(self.controller_url + "/v1/instances")
         if not isinstance(got, dict):
             return None
         return [i for i in got.get("instances") or [] if isinstance(i, dict)]
 
     def routable(self) -> int | None:
         """Endpoints the coordinator routes to now (None if it does not answer)."""
-        got = _get_json(self.url + "/readiness", any_status=True)
+        got = self._get(self.url + "/readiness", any_status=True)
         if not isinstance(got, dict):
             return None
         try:
@@ -581,21 +648,33 @@ def _connect_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _get_json(url: str, timeout_s: float = 1.0, any_status: bool = False) -> Any:
+def _get_json(url: str, timeout_s: float = 1.0, any_status: bool = False,
+              context: ssl.SSLContext | None = None, errors: dict[str, str] | None = None,
+              ) -> Any:
     """The JSON body of GET ``url`` when it answers 200 (any status with ``any_status``),
-    else None."""
+    else None. ``context``: the client context of an ``https://`` URL; ``errors``: gets the
+    reason of a failure under ``url`` (removed when it answers)."""
+    why = ""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return json.loads(r.read())
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as r:
+            got = json.loads(r.read())
+        if errors is not None:
+            errors.pop(url, None)
+        return got
     except urllib.error.HTTPError as e:
-        if not any_status:
-            return None
-        try:
-            return json.loads(e.read())
-        except (ValueError, OSError):
-            return None
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
+        why = f"status {e.code}"
+        if any_status:
+            try:
+                return json.loads(e.read())
+            except (ValueError, OSError):
+                pass
+    except urllib.error.URLError as e:
+        why = str(e.reason)
+    except (OSError, ValueError) as e:
+        why = f"{type(e).__name__}: {e}"
+    if errors is not None:
+        errors[url] = why
+    return None
 
 
 __all__ = ["Cluster", "Component", "StartError", "say"]

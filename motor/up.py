@@ -40,6 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for the whole start-up, until every engine is routable")
 
 
+#: a second SIGINT / SIGTERM forces the stop only this long after the first
+FORCE_AFTER_S = 0.5
+
+
 def load_for_cli(args: argparse.Namespace) -> ClusterConfig:
     """The config of ``-c`` (or the embedded one of ``--mode``) with ``--port``.
 
@@ -58,7 +62,13 @@ def load_for_cli(args: argparse.Namespace) -> ClusterConfig:
         raise ConfigError(f"invalid config {args.config}: nodes is expected to hold at least one "
                           f"node with at least one engine, got "
                           f"{len(cfg.nodes)} node(s) and no engine")
-    return apply_overrides(cfg, {"coordinator.port": ("--port", getattr(args, "port", None))})
+    cfg = apply_overrides(cfg, {"coordinator.port": ("--port", getattr(args, "port", None))})
+    # the coordinator's key sources and TLS files: a bad one is an error before anything starts
+    import os
+
+    from motor.coordinator.edge import check_edge
+    check_edge(cfg.coordinator, os.environ.get("MOTOR_API_KEYS", ""))
+    return cfg
 
 
 def make_log_dir(path: str | None) -> None:
@@ -84,11 +94,17 @@ def main(args: argparse.Namespace) -> int:
         make_log_dir(args.log_dir)
     except ConfigError as e:
         return fail("up", e)
-    signals = {"count": 0}
+    signals = {"count": 0, "first": 0.0}
 
     def on_signal(signum: int, frame: object) -> None:
+        now = time.monotonic()
+        if signals["count"] == 1 and now - signals["first"] < FORCE_AFTER_S:
+            # the same stop delivered twice (a wrapper such as `timeout` or a terminal signals
+            # the process group and this process): not a second Ctrl-C
+            return
         signals["count"] += 1
         if signals["count"] == 1:
+            signals["first"] = now
             say(f"motor up: {signal.Signals(signum).name}: stopping (the coordinator drains for "
                 f"up to {cfg.coordinator.drain_timeout_s:g} s); Ctrl-C again to force")
         elif signals["count"] == 2:

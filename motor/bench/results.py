@@ -132,7 +132,7 @@ class BenchResult:
     :class:`RequestResult`), ``duration`` (s, first send to last answer),
     ``metrics`` (name -> :class:`MetricStats`), ``completed`` / ``failed``
     (counts), ``failure_reasons`` (reason -> count), ``failure_messages``
-    (the first few), ``request_throughput`` (completed/s),
+    (the most frequent distinct ones, ``(xN)`` when repeated), ``request_throughput`` (completed/s),
     ``output_throughput`` (output tok/s, all requests),
     ``total_input_tokens``, ``total_output_tokens``, ``cached_tokens`` and
     ``cached_share`` (cached prompt tokens / prompt tokens over the requests
@@ -151,8 +151,11 @@ class BenchResult:
         self.completed = len(ok)
         self.failed = len(bad)
         self.failure_reasons: dict[str, int] = dict(Counter(r.reason or "unknown" for r in bad))
+        # distinct messages, the most frequent first, each with its count when repeated
+        counts = Counter(f"{r.reason}: {r.error}" for r in bad)
         self.failure_messages: list[str] = [
-            f"{r.reason}: {r.error}" for r in bad[:MAX_FAILURE_MESSAGES]]
+            msg if n == 1 else f"{msg} (x{n})"
+            for msg, n in counts.most_common(MAX_FAILURE_MESSAGES)]
         self.total_input_tokens = sum(r.input_tokens or 0 for r in ok)
         self.total_output_tokens = sum(r.output_tokens or 0 for r in ok)
         self.request_throughput = self.completed / duration if duration > 0 else 0.0

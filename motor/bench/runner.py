@@ -257,7 +257,9 @@ async def fetch_model(session: aiohttp.ClientSession, base_url: str, timeout: fl
             body = await resp.read()
             if resp.status != 200:
                 raise BenchError(f"GET {url}: HTTP {resp.status}: {_error_text(body)}")
-    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+    except TimeoutError:
+        raise BenchError(f"GET {url}: no answer within {timeout:g} s") from None
+    except (aiohttp.ClientError, OSError) as e:
         raise BenchError(f"GET {url}: {type(e).__name__}: {e}") from None
     try:
         data = orjson.loads(body)["data"]

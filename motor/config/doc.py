@@ -15,6 +15,7 @@ from motor.config import schema
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("controller", schema.ControllerConfig),
+    ("controller.tls", schema.ControlPlaneTlsConfig),
     ("coordinator", schema.CoordinatorConfig),
     ("coordinator.timeouts", schema.TimeoutConfig),
     ("coordinator.retries", schema.RetryConfig),

@@ -92,11 +92,20 @@ _SHOULD = re.compile(r"(String|List|Dictionary|Tuple|Set|Value) should (match|ha
 _VERB = {"match": "matching", "have": "with", "be": "that is"}
 
 
+_AT_LEAST = re.compile(r"(List|Dictionary|Tuple|Set|Value) should have at least (\d+) "
+                       r"items? after validation, not \d+")
+
+
 def _expected(msg: str) -> str:
     """pydantic's ``Input should be X`` -> ``expected X``; ``String should match pattern P``
     -> ``expected a string matching pattern P`` (and the like for lists, dicts, ...)."""
     if msg.startswith("Input should be "):
-        return "expected " + msg.removeprefix("Input should be ")
+        # "a valid integer, unable to parse string as an integer" -> "a valid integer"
+        return "expected " + msg.removeprefix("Input should be ").split(", unable to")[0]
+    m = _AT_LEAST.fullmatch(msg)
+    if m:
+        n = int(m.group(2))
+        return f"expected a {m.group(1).lower()} of at least {n} item{'s' if n > 1 else ''}"
     m = _SHOULD.fullmatch(msg)
     if m:
         return f"expected a {m.group(1).lower()} {_VERB[m.group(2)]} {m.group(3)}"
@@ -171,8 +180,14 @@ def load_config(path: str | os.PathLike[str]) -> ClusterConfig:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
     try:
         data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
-        raise ConfigError(f"config file {path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"config file {path}: expected valid JSON, got {e.msg} at line "
+                          f"{e.lineno}, column {e.colno}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"config file {path}: expected valid YAML, got {what}{where}") from None
     return parse_config(data, path)
 
 

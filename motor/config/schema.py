@@ -91,6 +91,25 @@ class RestartPolicy(str, Enum):
     NEVER = "never"
 
 
+class ControlPlaneTlsConfig(_Strict):
+    """mTLS on every control-plane connection (controller, node managers, coordinators;
+    docs/security.md): one CA and one certificate every component presents."""
+    ca_file: str = Field(..., min_length=1,
+                         description="PEM CA bundle that signs every control-plane certificate: "
+                                     "the controller and the node managers' management APIs "
+                                     "accept only clients with a certificate it signed; node "
+                                     "managers and coordinators check the controller's "
+                                     "certificate against it (and its host name)")
+    cert_file: str = Field(..., min_length=1,
+                           description="PEM certificate chain, leaf first, that this component "
+                                       "presents (as a server and as a client); it must name "
+                                       "the host / IP address the others connect to "
+                                       "(`controller.host`, `nodes[].host`)")
+    key_file: str | None = Field(None, description="PEM private key; null = in `cert_file`")
+    key_password_file: str | None = Field(
+        None, description="file holding the key's password (an encrypted key)")
+
+
 class ControllerConfig(_Strict):
     """Where the controller listens and how it judges heartbeats."""
     host: Host = Field("127.0.0.1", description="listen address: an IP address or a DNS host name")
@@ -103,10 +122,16 @@ class ControllerConfig(_Strict):
     remove_after_s: float = Field(
         60.0, gt=0, description="unhealthy for this long without a heartbeat -> instance removed")
     watch_timeout_s: float = Field(30.0, gt=0, description="longest long-poll hold of GET /v1/instances")
+    tls: ControlPlaneTlsConfig | None = Field(
+        None, description="mTLS on the control plane (the controller's port, the node managers' "
+                          "management APIs, every client of them); null = plain HTTP")
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """``http://HOST:PORT``, ``https://`` with ``tls`` set."""
+        scheme = "https" if self.tls is not None else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
 
 
 class TimeoutConfig(_Strict):
@@ -345,8 +370,9 @@ class AdmissionConfig(_Strict):
                                                            "with Retry-After")
     classes: list[str] = Field(["interactive", "batch"], min_length=1,
                                description="priority classes, highest first")
-    priority_header: str = Field("x-motor-priority", min_length=1,
-                                 description="request header naming a class")
+    priority_header: str = Field("x-motor-priority", pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
+                                 description="request header naming a class (an HTTP field "
+                                             "name, RFC 9110 token)")
 
 
 class CoordinatorConfig(_Strict):

@@ -29,6 +29,9 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.config) if args.config else load_default_config()
+        if cfg.controller.tls is not None:   # a bad certificate file: exit 2 before listening
+            from motor.control_tls import server_context
+            server_context(cfg.controller.tls)
     except ConfigError as e:
         return fail("controller", e)
     try:

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from motor.http.server import ListenError, bind_error_reason  # noqa: F401
 from motor.config.schema import ControllerConfig
+from motor.control_tls import server_context
 from motor.controller.registry import Clock, Registry, RegistryConflict, Transition
 from motor.http import HttpServer, Request, Response, Router, install_uvloop
 from motor.protocol.instances import Heartbeat, InstanceState, NodeRegistration
@@ -78,6 +79,8 @@ class ControllerServer:
         self.metrics = _Metrics()
         self.registry.listeners.append(self.metrics.on_transitions)
         self._http = HttpServer(self._route())
+        #: mTLS with ``controller.tls`` (raises ConfigError naming a bad file)
+        self._tls = server_context(config.tls) if config.tls is not None else None
         self._checker: asyncio.Task[None] | None = None
         self._table_bytes: tuple[int, bytes] = (-1, b"")
         self._watchers = 0
@@ -90,13 +93,14 @@ class ControllerServer:
         self.host = host if host is not None else self.config.host
         want = self.config.port if port is None else port
         try:
-            self.port = await self._http.listen(self.host, want)
+            self.port = await self._http.listen(self.host, want, tls=self._tls)
         except OSError as e:
             raise ListenError(self.host, want, e) from e
         self._checker = asyncio.create_task(self._check_loop())
-        logger.info("controller listening on http://%s:%d (heartbeat timeout %gs, remove after %gs)",
-                    self.host, self.port, self.config.heartbeat_timeout_s,
-                    self.config.remove_after_s)
+        logger.info("controller listening on %s (heartbeat timeout %gs, remove after %gs%s)",
+                    self.url, self.config.heartbeat_timeout_s, self.config.remove_after_s,
+                    ", mTLS: client certificates signed by controller.tls.ca_file"
+                    if self._tls is not None else "")
         return self.port
 
     async def stop(self) -> None:
@@ -112,7 +116,9 @@ class ControllerServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self._tls is not None else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
 
     async def _check_loop(self) -> None:
         period = max(0.05, min(1.0, self.config.heartbeat_timeout_s / 10))
@@ -211,12 +217,20 @@ class ControllerServer:
 
 
 def _first_error(e: ValidationError) -> str:
+    """``field.path: what was expected (got <the value received>)`` of the first error."""
     errs = e.errors()
     if not errs:
         return str(e)
     err = errs[0]
     loc = ".".join(str(p) for p in err["loc"]) or "(body)"
-    return f"{loc}: {err['msg']}"
+    # the input of a missing field, a bad JSON document or a whole-object check is the
+    # enclosing object or the body: not worth repeating
+    if err["type"] in ("missing", "json_invalid", "value_error", "assertion_error"):
+        return f"{loc}: {err['msg']}"
+    got = repr(err.get("input"))
+    if len(got) > 80:
+        got = got[:77] + "..."
+    return f"{loc}: {err['msg']} (got {got})"
 
 
 async def serve_controller(config: ControllerConfig, host: str | None = None,

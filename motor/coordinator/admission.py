@@ -10,7 +10,10 @@ overloaded). Otherwise it waits in its class's queue:
   ``w`` getting ``w`` requests per turn (deficit round robin with unit cost, Shreedhar and
   Varghese 1995), so a key that floods the queue delays its own requests, not the others';
 * the queue holds at most ``max_queue`` requests in all: one more is refused at once
-  (``queue full``); a request that waited ``queue_timeout_s`` is refused (``queue timeout``).
+  (``queue full``), unless a request of a lower class waits: then the newest waiter of the
+  longest key queue of the lowest such class is refused (``displaced``) and the newcomer
+  takes its place, so a full queue of ``batch`` requests never turns ``interactive`` ones
+  away; a request that waited ``queue_timeout_s`` is refused (``queue timeout``).
 
 Refusals are 503 with ``Retry-After`` (the caller writes the answer; this module only decides).
 A waiter whose client went away (its task cancelled) leaves the queue and takes no slot.
@@ -48,7 +51,8 @@ class _ClassQueue:
 
 
 class Refused(Exception):
-    """Not admitted: ``reason`` (``queue full`` / ``queue timeout``), ``retry_after_s``."""
+    """Not admitted: ``reason`` (``queue full`` / ``displaced`` / ``queue timeout``),
+    ``retry_after_s``."""
 
     def __init__(self, reason: str, retry_after_s: float) -> None:
         super().__init__(reason)
@@ -89,7 +93,7 @@ class Admission:
         #: counters for metrics: admitted at once, admitted after a wait, refused by reason
         self.admitted_now = 0
         self.admitted_waited = 0
-        self.refused: dict[str, int] = {"queue full": 0, "queue timeout": 0}
+        self.refused: dict[str, int] = {"queue full": 0, "displaced": 0, "queue timeout": 0}
         self.wait_s_total = 0.0
         self._wait_ewma_s = 0.0
 
@@ -105,7 +109,8 @@ class Admission:
         Raises
         ------
         Refused
-            queue full, or waited ``queue_timeout_s``.
+            queue full, displaced from the queue by a request of a higher class, or waited
+            ``queue_timeout_s``.
         asyncio.CancelledError
             the caller was cancelled while waiting (it holds no slot).
         """
@@ -113,7 +118,7 @@ class Admission:
             self.in_flight += 1
             self.admitted_now += 1
             return
-        if self.queued >= self.max_queue:
+        if self.queued >= self.max_queue and not self._displace(cls):
             self.refused["queue full"] += 1
             raise Refused("queue full", self.retry_after_s())
         loop = asyncio.get_running_loop()
@@ -195,6 +200,21 @@ class Admission:
             except ValueError:
                 pass
             del q.keys[key]
+
+    def _displace(self, cls: int) -> bool:
+        """Refuse one waiter of a class below ``cls`` (the lowest class that has one: the
+        newest waiter of its longest key queue); whether there was one."""
+        for q in reversed(self._queues[cls + 1:]):
+            live = [(len(kq.waiters), k) for k, kq in q.keys.items() if kq.waiters]
+            if not live:
+                continue
+            key = max(live)[1]
+            w = q.keys[key].waiters[-1]
+            self._remove(q, key, w)
+            self.refused["displaced"] += 1
+            w.fut.set_exception(Refused("displaced", self.retry_after_s()))
+            return True
+        return False
 
     def _expire(self, w: _Waiter) -> None:
         if w.fut.done():

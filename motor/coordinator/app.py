@@ -79,7 +79,8 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     elif shm is None:
         source = ControllerWatcher(table, controller_url or cfg.controller.url,
                                    models_interval_s=c.health_check_interval_s,
-                                   models_timeout_s=c.health_check_timeout_s)
+                                   models_timeout_s=c.health_check_timeout_s,
+                                   tls=cfg.controller.tls)
         coord.ready_source = source.synced
     if source is not None:
         tasks.append(asyncio.ensure_future(source.run()))
@@ -104,6 +105,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                         request_read_timeout_s=c.request_read_timeout_s,
                         keepalive_timeout_s=c.keepalive_timeout_s,
                         send_timeout_s=c.send_timeout_s)
+    server.expect_check = coord.expect_check
     port = await server.listen(c.host, c.port, reuse_port=reuse_port, tls=server_tls)
     mode = f"standalone, {len(backends)} backend(s)" if backends else \
         f"following controller {controller_url or cfg.controller.url}"

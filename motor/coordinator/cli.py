@@ -125,9 +125,13 @@ def main(args: argparse.Namespace) -> int:
         import os
 
         from motor.coordinator.backends import is_https
-        from motor.coordinator.edge import Edge, tls_contexts
-        Edge(cfg.coordinator, os.environ.get("MOTOR_API_KEYS", ""))
-        tls_contexts(cfg.coordinator, any(is_https(b) for b in args.backend))
+        from motor.coordinator.edge import check_edge
+        check_edge(cfg.coordinator, os.environ.get("MOTOR_API_KEYS", ""),
+                   any(is_https(b) for b in args.backend))
+        if not args.backend:   # controller mode: its URL's scheme and controller.tls's files
+            from motor.control_tls import check, controller_endpoint
+            controller_endpoint(args.controller or cfg.controller.url, cfg.controller.tls)
+            check(cfg.controller.tls)
         from motor.coordinator.server import Coordinator  # noqa: F401
     except (ConfigError, ValueError) as e:
         return fail("coordinator", e)

@@ -11,6 +11,7 @@ API, answered with an :class:`~motor.protocol.instances.InstanceTable` (JSON); s
 from __future__ import annotations
 
 import asyncio
+import re
 import logging
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ import orjson
 from motor.protocol.instances import InstanceTable
 
 if TYPE_CHECKING:
+    from motor.config.schema import ControlPlaneTlsConfig
     from motor.http.client import Client
 
 logger = logging.getLogger(__name__)
@@ -31,7 +33,7 @@ RETRY_S = 0.5
 
 
 def controller_address(url: str) -> tuple[str, int]:
-    """``http://HOST[:PORT]`` -> (host, port), port 80 by default.
+    """``http(s)://HOST[:PORT]`` -> (host, port), port 80 (443 for https) by default.
 
     Raises
     ------
@@ -39,9 +41,34 @@ def controller_address(url: str) -> tuple[str, int]:
         for another scheme, no host or a port that is not a number.
     """
     u = urlsplit(url)
-    if u.scheme != "http" or not u.hostname:
-        raise ValueError(f"controller URL is expected as http://HOST:PORT, got {url!r}")
-    return u.hostname, u.port or 80
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"controller URL is expected as http://HOST:PORT or "
+                         f"https://HOST:PORT, got {url!r}")
+    return u.hostname, u.port or (443 if u.scheme == "https" else 80)
+
+
+def controller_client(url: str, tls: ControlPlaneTlsConfig | None,
+                      max_connections_per_endpoint: int, connect_timeout_s: float,
+                      ) -> tuple[Client, str, int]:
+    """A client for the controller at ``url`` and its (host, port): with ``controller.tls``
+    (``tls``) it speaks mTLS to the controller (:mod:`motor.control_tls`), plain HTTP to
+    every other endpoint (the engines' ``/v1/models``).
+
+    Raises
+    ------
+    ConfigError
+        a scheme that does not fit ``tls`` (:func:`motor.control_tls.controller_endpoint`),
+        a TLS file that is missing or does not load.
+    """
+    from motor.control_tls import client_context, controller_endpoint
+    from motor.http.client import Client
+    host, port, https = controller_endpoint(url, tls)
+    client = Client(max_connections_per_endpoint=max_connections_per_endpoint,
+                    connect_timeout_s=connect_timeout_s,
+                    tls=client_context(tls) if tls is not None else None)
+    if https:
+        client.use_tls(host, port)
+    return client, host, port
 
 
 async def follow_controller(client: Client, host: str, port: int,
@@ -79,8 +106,8 @@ async def follow_controller(client: Client, host: str, port: int,
             if down_since is None:
                 down_since = time.monotonic()
                 logger.warning("%scontroller %s:%d unreachable (%s); keeping the last instance "
-                               "table (version %d) and retrying", who, host, port, e,
-                               version or 0)
+                               "table (version %d) and retrying", who, host, port,
+                               _describe(e), version or 0)
             await asyncio.sleep(RETRY_S)
             continue
         if down_since is not None:
@@ -94,4 +121,11 @@ async def follow_controller(client: Client, host: str, port: int,
             synced.set()
 
 
-__all__ = ["RETRY_S", "controller_address", "follow_controller"]
+__all__ = ["RETRY_S", "controller_address", "controller_client", "follow_controller"]
+
+
+def _describe(e: BaseException) -> str:
+    """A failure in words: the exception's kind and its message, without the transport
+    objects uvloop puts in some messages (``<TCPTransport closed=True ...>``)."""
+    text = re.sub(r"\s*<[A-Za-z_.]*Transport [^>]*>;?", "", str(e)).strip(" ;:") or "no detail"
+    return f"{type(e).__name__}: {text}"

@@ -23,6 +23,7 @@ byte scan of the body (no JSON parse here; the request path parses it once).
 """
 from __future__ import annotations
 
+import logging
 import math
 import re
 import ssl
@@ -40,6 +41,8 @@ from motor.http.server import Request, Response
 from motor.http.tls import CertReloader, client_context, server_context
 from motor.protocol.openai import error_body
 
+logger = logging.getLogger(__name__)
+
 ANONYMOUS = "anonymous"
 _MAX_TOKENS = re.compile(rb'"max(?:_completion)?_tokens"\s*:\s*([0-9]{1,9})')
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*([0-9]{1,12})')
@@ -47,12 +50,14 @@ _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*([0-9]{1,12})')
 Handle = Callable[[Any, Request, Response], Awaitable[object]]
 
 
-def key_entries(cfg: CoordinatorConfig, env_keys: str) -> list[tuple[str | None, str]]:
-    """(name, entry) of ``coordinator.api_keys`` and of ``MOTOR_API_KEYS`` (comma-separated)."""
-    out: list[tuple[str | None, str]] = []
-    for k in cfg.api_keys:
-        out.append((None, k) if isinstance(k, str) else (k.name, k.key))
-    out += [(None, k.strip()) for k in env_keys.split(",") if k.strip()]
+def key_entries(cfg: CoordinatorConfig, env_keys: str) -> list[tuple[str | None, str, str]]:
+    """(name, entry, where) of ``coordinator.api_keys`` and of ``MOTOR_API_KEYS``
+    (comma-separated)."""
+    out: list[tuple[str | None, str, str]] = []
+    for i, k in enumerate(cfg.api_keys):
+        where = f"coordinator.api_keys[{i}]"
+        out.append((None, k, where) if isinstance(k, str) else (k.name, k.key, where))
+    out += [(None, k.strip(), "MOTOR_API_KEYS") for k in env_keys.split(",") if k.strip()]
     return out
 
 
@@ -80,11 +85,43 @@ def tls_contexts(c: CoordinatorConfig, https_backends: bool = False) -> tuple[
     return srv, reloader, cli
 
 
+def check_edge(c: CoordinatorConfig, env_keys: str = "", https_backends: bool = False) -> None:
+    """Read the key sources and the TLS files of ``c`` now, so that a bad one is an error
+    before any process starts (``motor up``, ``motor coordinator``).
+
+    Raises
+    ------
+    ConfigError
+        naming the field (and the file) at fault.
+    """
+    Edge(c, env_keys)
+    tls_contexts(c, https_backends)
+
+
 def estimate_tokens(body: bytes) -> int:
     """Tokens a request may cost at most, before the engine says: prompt bytes / 4 plus the
     ``max_tokens`` it asks for."""
     m = _MAX_TOKENS.search(body)
     return len(body) // 4 + (int(m.group(1)) if m else 0)
+
+
+_WWW_AUTH = ((b"www-authenticate", b'Bearer realm="motor"'),)
+
+
+def _unauthorized_body(had_header: bool) -> bytes:
+    """OpenAI's 401 body (``code: invalid_api_key``)."""
+    msg = "Incorrect API key provided." if had_header else \
+        "Missing API key: send it as `Authorization: Bearer <key>`."
+    return orjson.dumps({"error": {"message": msg, "type": "invalid_request_error",
+                                   "param": None, "code": "invalid_api_key"}})
+
+
+def _rate_limited_body(name: str, kind: str, wait_s: float) -> bytes:
+    """OpenAI's 429 body (``code: rate_limit_exceeded``, ``type`` the limit that refused)."""
+    return orjson.dumps({"error": {"message": f"Rate limit reached for {name} on {kind} per "
+                                              f"minute; please try again in {wait_s:.2f}s.",
+                                   "type": kind, "param": None,
+                                   "code": "rate_limit_exceeded"}})
 
 
 class _UsageTap:
@@ -137,6 +174,13 @@ class Edge:
             self.admission = Admission(a.max_in_flight, a.max_queue, a.queue_timeout_s,
                                        a.classes, {n: k.weight for n, k in lim.keys.items()})
         self.priority_header = a.priority_header.lower().encode()
+        if self.keys is not None and not cfg.api_keys_file and not env_keys.strip(", "):
+            # every key is in the config: a limit naming no key is most likely a typo
+            for n in lim.keys:
+                if n not in self.keys.names:
+                    logger.warning("coordinator.limits.keys.%s: no API key is named %r (names: "
+                                   "%s); the limit applies to no one", n, n,
+                                   ", ".join(sorted(self.keys.names)))
         self._classes = list(a.classes)
         self._key_class = {n: k.priority for n, k in lim.keys.items() if k.priority}
         self._default_class = lim.default.priority
@@ -165,13 +209,36 @@ class Edge:
             if route is not None:
                 route.count(401)
             metrics.EDGE_REQUESTS.labels(ANONYMOUS, "unauthorized").inc()
-            msg = "Incorrect API key provided." if h else \
-                "Missing API key: send it as `Authorization: Bearer <key>`."
-            resp.send(401, orjson.dumps({"error": {"message": msg,
-                                                   "type": "invalid_request_error",
-                                                   "param": None, "code": "invalid_api_key"}}),
-                      headers=((b"www-authenticate", b'Bearer realm="motor"'),))
+            resp.send(401, _unauthorized_body(bool(h)), headers=_WWW_AUTH)
         return name
+
+    def early_refusal(self, headers: list[tuple[bytes, bytes]]
+                      ) -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]] | None:
+        """The answer the headers alone decide, for ``Expect: 100-continue`` (sent instead of
+        the 100, so a refused client does not upload its body): 401 for a missing or unknown
+        key (a key that may match a hashed entry not verified yet passes), 429 for a key
+        whose request bucket is empty. ``None``: let the body come."""
+        ks = self.keys
+        name = ANONYMOUS
+        if ks is not None and ks.enabled:
+            auth = next((v for k, v in headers if k == b"authorization"), b"")
+            scheme, _, key = auth.strip().partition(b" ")
+            key = key.strip()
+            found = ks.lookup(key) if scheme.lower() == b"bearer" and key else None
+            if found is None:
+                if key and ks.has_hashed:
+                    return None
+                metrics.EDGE_REQUESTS.labels(ANONYMOUS, "unauthorized").inc()
+                return 401, _unauthorized_body(bool(auth)), _WWW_AUTH
+            name = found
+        if self.limiter is not None:
+            refused = self.limiter.peek(name)
+            if refused is not None:
+                wait_s, kind, hdrs = refused
+                metrics.EDGE_REQUESTS.labels(name, f"rate_limited_{kind}").inc()
+                return 429, _rate_limited_body(name, kind, wait_s), \
+                    ((b"retry-after", b"%d" % max(1, math.ceil(wait_s))),) + hdrs
+        return None
 
     # -- 2 and 3, then the request path --------------------------------------------------------
     async def run(self, route: Any, req: Request, resp: Response, handle: Handle) -> None:
@@ -188,6 +255,7 @@ class Edge:
             if refused is not None:
                 self._rate_limited(route, resp, name, *refused)
                 return
+            resp.extra_headers = limiter.headers(name)   # as OpenAI: on every answer
         adm = self.admission
         if adm is not None:
             cls_name = (req.header(self.priority_header) or b"").decode("latin-1").strip() \
@@ -225,17 +293,16 @@ class Edge:
         if route is not None:
             route.count(429)
         retry = max(1, math.ceil(wait_s))
-        body = {"error": {"message": f"Rate limit reached for {name} on {kind} per minute; "
-                                     f"please try again in {wait_s:.2f}s.",
-                          "type": kind, "param": None, "code": "rate_limit_exceeded"}}
-        resp.send(429, orjson.dumps(body),
+        resp.send(429, _rate_limited_body(name, kind, wait_s),
                   headers=((b"retry-after", b"%d" % retry),) + headers)
 
     def _overloaded(self, route: Any, resp: Response, name: str, e: Refused) -> None:
         metrics.EDGE_REQUESTS.labels(name, e.reason.replace(" ", "_")).inc()
         if route is not None:
             route.count(503)
-        resp.send(503, error_body(503, f"The gateway is overloaded ({e.reason}); please retry "
+        why = "displaced from the queue by a request of a higher priority class" \
+            if e.reason == "displaced" else e.reason
+        resp.send(503, error_body(503, f"The gateway is overloaded ({why}); please retry "
                                        f"after {e.retry_after_s} s."),
                   headers=((b"retry-after", b"%d" % e.retry_after_s),))
 

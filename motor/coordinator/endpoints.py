@@ -31,10 +31,10 @@ from typing import Any, NamedTuple
 import orjson
 from prometheus_client import Gauge
 
-from motor.config.schema import BreakerConfig, EngineKind, Role
+from motor.config.schema import BreakerConfig, ControlPlaneTlsConfig, EngineKind, Role
 from motor.coordinator import metrics
 from motor.coordinator.breaker import CLOSED, HALF_OPEN, Breaker
-from motor.coordinator.controller_poll import controller_address, follow_controller
+from motor.coordinator.controller_poll import controller_client, follow_controller
 from motor.coordinator.loadtable import LoadCell
 from motor.http.client import Client, Pool
 from motor.protocol.instances import InstanceState, InstanceTable
@@ -504,18 +504,21 @@ class ControllerWatcher:
     is read as it appears and every ``models_interval_s`` (:class:`ModelReader`): adapters
     loaded at run time, the context length.
 
+    ``tls``: ``controller.tls``, the controller is reached over mTLS (``https://`` URL).
+
     Raises
     ------
     ValueError
-        for a ``controller_url`` that is not ``http://HOST:PORT``.
+        for a ``controller_url`` that is not ``http(s)://HOST:PORT`` or whose scheme does not
+        fit ``tls`` (:class:`motor.errors.ConfigError`, also for a TLS file that does not load).
     """
 
     def __init__(self, table: EndpointTable, controller_url: str, poll_timeout_s: float = 10.0,
-                 models_interval_s: float = 1.0, models_timeout_s: float = 2.0) -> None:
-        self.host, self.port = controller_address(controller_url)
+                 models_interval_s: float = 1.0, models_timeout_s: float = 2.0,
+                 tls: ControlPlaneTlsConfig | None = None) -> None:
+        self.client, self.host, self.port = controller_client(controller_url, tls, 4, 2.0)
         self.table = table
         self.poll_timeout_s = poll_timeout_s
-        self.client = Client(max_connections_per_endpoint=4, connect_timeout_s=2.0)
         self.synced = asyncio.Event()
         self.models = ModelReader(self.client, lambda: self.table.endpoints.values(),
                                   self._learned, models_interval_s, models_timeout_s)

@@ -392,15 +392,12 @@ class Feed:
     async def follow_controller(self) -> None:
         """Long-poll the controller (:func:`motor.coordinator.controller_poll.follow_controller`)
         into :meth:`apply_table`; the workers keep the last table while it is away."""
-        from urllib.parse import urlsplit
-
-        from motor.coordinator.controller_poll import follow_controller
-        from motor.http.client import Client
-        u = urlsplit(self.controller_url)
-        client = Client(max_connections_per_endpoint=2, connect_timeout_s=2.0)
+        from motor.coordinator.controller_poll import controller_client, follow_controller
+        # mTLS to the controller with controller.tls (an https:// URL)
+        client, host, port = controller_client(self.controller_url, self.cfg.controller.tls,
+                                               2, 2.0)
         try:
-            await follow_controller(client, u.hostname or "127.0.0.1", u.port or 80,
-                                    self.apply_table, who="feed: ")
+            await follow_controller(client, host, port, self.apply_table, who="feed: ")
         finally:
             client.close()
 

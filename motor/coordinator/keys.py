@@ -141,8 +141,8 @@ def hash_key(key: str, iterations: int = PBKDF2_DEFAULT_ITERATIONS) -> str:
             f"${base64.b64encode(dk).decode().rstrip('=')}")
 
 
-def read_key_source(path: str) -> list[tuple[str | None, str]]:
-    """(name or None, entry) pairs of a key file or a Secret-style directory.
+def read_key_source(path: str) -> list[tuple[str | None, str, str]]:
+    """(name or None, entry, where it comes from) of a key file or a Secret-style directory.
 
     Raises
     ------
@@ -150,7 +150,7 @@ def read_key_source(path: str) -> list[tuple[str | None, str]]:
         when the path cannot be read (naming it and the OS's reason) or a line has more than
         two fields.
     """
-    out: list[tuple[str | None, str]] = []
+    out: list[tuple[str | None, str, str]] = []
     try:
         if os.path.isdir(path):
             for fn in sorted(os.listdir(path)):
@@ -160,21 +160,23 @@ def read_key_source(path: str) -> list[tuple[str | None, str]]:
                 with open(full, encoding="utf-8") as f:
                     text = f.read().strip()
                 if text:
-                    out.append((fn, text))
+                    out.append((fn, text, f"coordinator.api_keys_file {full}"))
             return out
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError as e:
-        raise ConfigError(f"coordinator.api_keys_file: cannot read {path}: {e.strerror}") from None
+        raise ConfigError(f"coordinator.api_keys_file: expected a readable file or directory, "
+                          f"got {path!r} ({e.strerror})") from None
     for i, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         fields = line.split()
+        where = f"coordinator.api_keys_file {path} line {i}"
         if len(fields) > 2:
-            raise ConfigError(f"coordinator.api_keys_file {path} line {i}: expected `name key` "
-                              f"or `key`, got {len(fields)} fields")
-        out.append((fields[0], fields[1]) if len(fields) == 2 else (None, fields[0]))
+            raise ConfigError(f"{where}: expected `name key` or `key`, got {len(fields)} fields")
+        out.append((fields[0], fields[1], where) if len(fields) == 2 else
+                   (None, fields[0], where))
     return out
 
 
@@ -194,8 +196,9 @@ class KeyStore:
 
     Parameters
     ----------
-    entries : iterable of (name or None, entry)
-        from the config and the environment.
+    entries : iterable of (name or None, entry[, where])
+        from the config and the environment; ``where`` (``coordinator.api_keys[2]``) names
+        the entry in errors.
     path : str or None
         ``coordinator.api_keys_file`` (read now, re-read by :meth:`reload_if_changed`).
     max_concurrent_verifications : int
@@ -209,9 +212,12 @@ class KeyStore:
         from :func:`parse_entry` / :func:`read_key_source`, or for two keys with one name.
     """
 
-    def __init__(self, entries: Iterable[tuple[str | None, str]], path: str | None = None,
+    def __init__(self, entries: Iterable[tuple[str | None, str] | tuple[str | None, str, str]],
+                 path: str | None = None,
                  max_concurrent_verifications: int = 2, failed_cache: int = 4096) -> None:
-        self._static = list(entries)
+        self._static: list[tuple[str | None, str, str]] = [
+            (e[0], e[1], e[2] if len(e) > 2 else f"API key {i}")
+            for i, e in enumerate(entries)]
         self.path = path
         self._stamp: tuple[float, ...] = _source_stamp(path) if path else ()
         self._sem = asyncio.Semaphore(max_concurrent_verifications)
@@ -221,16 +227,25 @@ class KeyStore:
         self._hashed: list[HashedKey] = []
         self._load(self._static + (read_key_source(path) if path else []))
 
-    def _load(self, pairs: list[tuple[str | None, str]]) -> None:
+    def _load(self, pairs: list[tuple[str | None, str, str]]) -> None:
         known: dict[bytes, str] = {}
         hashed: list[HashedKey] = []
-        names: set[str] = set()
-        for name, entry in pairs:
-            parsed = parse_entry(entry, name)
+        names: dict[str, str] = {}       # name -> where it was given
+        texts: dict[str, str] = {}       # entry text -> where
+        for name, entry, where in pairs:
+            try:
+                parsed = parse_entry(entry, name)
+            except ConfigError as e:
+                raise ConfigError(f"{where}: {e}") from None
             label = parsed.name if isinstance(parsed, HashedKey) else (name or default_name(entry))
             if label in names:
-                raise ConfigError(f"API key names are expected to be unique, got {label!r} twice")
-            names.add(label)
+                raise ConfigError(f"{where}: expected a key name no other key has, got "
+                                  f"{label!r} (also {names[label]})")
+            if entry in texts:
+                raise ConfigError(f"{where}: expected a key no other entry has, got the key "
+                                  f"of {texts[entry]} again (which name would its limits use?)")
+            names[label] = where
+            texts[entry] = where
             if isinstance(parsed, HashedKey):
                 hashed.append(parsed)
             else:

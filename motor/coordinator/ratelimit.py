@@ -145,6 +145,20 @@ class RateLimiter:
             st.tok.level -= tokens
         return None
 
+    def peek(self, name: str) -> tuple[float, str, Headers] | None:
+        """What :meth:`admit` would say of a request of no tokens, taking nothing."""
+        now = self._clock()  # type: ignore[operator]
+        st = self._state(name, now)
+        if st is None:
+            return None
+        for kind, b, need in (("requests", st.req, 1.0), ("tokens", st.tok, 0.0)):
+            if b is not None:
+                b.refill(now)
+                wait = b.wait_for(need)
+                if wait > 0.0:
+                    return wait, kind, self._headers(st)
+        return None
+
     def settle(self, name: str, estimate: float, actual: float | None) -> None:
         """Replace an admitted request's token ``estimate`` by the engine's count ``actual``
         (``None`` = unknown: the estimate stands)."""

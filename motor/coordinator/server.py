@@ -39,7 +39,7 @@ from motor.coordinator.policy import Policy
 from motor.coordinator.routing import UnionPath, make_path
 from motor.coordinator.routing.base import RequestPath, Route, Settings
 from motor.coordinator.routing.passthrough import ROUTES, PassthroughPath
-from motor.http.server import Request, Response, Router
+from motor.http.server import Request, Response, Router, origin_form
 from motor.protocol.openai import error_body
 
 Handler = Callable[[Request, Response], Any]
@@ -60,6 +60,7 @@ class Coordinator:
         self.settings = Settings(cfg)
         #: API keys, rate limits, admission (``share``: this worker's part of each limit)
         self.edge = Edge(cfg, self.settings.env_keys, share=1.0 / cfg.workers)
+        self._inference_paths: set[str] = set()
         table.configure_breakers(cfg.breaker)
         self.ready_source: asyncio.Event | None = None
         #: the union path (also the PD modes' fallback and the passed-through routes' path)
@@ -91,10 +92,24 @@ class Coordinator:
         for method, route_path, handler in self.path.routes():
             r.add(method, route_path, handler)
 
+    def expect_check(self, target: bytes, headers: list[tuple[bytes, bytes]]
+                     ) -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]] | None:
+        """``HttpServer.expect_check``: for an inference route, the edge's refusal the
+        headers alone decide (401, 429), sent instead of ``100 Continue``."""
+        if not self.edge.active:
+            return None
+        if not target.startswith(b"/"):
+            target = origin_form(b"POST", target) or b""
+        path = target.partition(b"?")[0]
+        if path.decode("latin-1") not in self._inference_paths:
+            return None
+        return self.edge.early_refusal(headers)
+
     def _inference(self, route: Route, path: RequestPath) -> Handler:
         """The handler of an inference route: ``path.handle`` for ``route``, behind the edge
         (API key, rate limit, admission: :mod:`motor.coordinator.edge`) when any of it is on;
         otherwise no wrapper coroutine is added."""
+        self._inference_paths.add(route.path.decode())
         if not self.edge.active:
             return functools.partial(path.handle, route)
         return functools.partial(self.edge.run, route, handle=path.handle)

@@ -146,7 +146,7 @@ class Response:
     """The answer to one request; exactly one of ``send`` or ``start``..``end`` is used."""
 
     __slots__ = ("_proto", "started", "finished", "status", "_chunked", "keep_alive", "http10",
-                 "head", "tap")
+                 "head", "tap", "extra_headers")
 
     def __init__(self, proto: HttpProtocol, keep_alive: bool, http10: bool = False) -> None:
         self._proto = proto
@@ -160,6 +160,8 @@ class Response:
         #: called with every body byte string sent (``send``, ``write``, ``end``); None = none.
         #: The gateway's edge sets it to read the answer's usage for token rate limits
         self.tap: Callable[[bytes], None] | None = None
+        #: headers added to whatever answer is sent (the edge's ``x-ratelimit-*``)
+        self.extra_headers: Headers = ()
 
     @property
     def client_gone(self) -> bool:
@@ -176,6 +178,9 @@ class Response:
                  b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
         for k, v in headers:
             parts += [k, b": ", v, b"\r\n"]
+        if self.extra_headers:
+            for k, v in self.extra_headers:
+                parts += [k, b": ", v, b"\r\n"]
         if self.keep_alive and self._proto._server.draining:
             self.keep_alive = False     # shutting down: say the connection goes with this answer
         if not self.keep_alive:
@@ -208,6 +213,9 @@ class Response:
             parts.append(b"cache-control: no-cache\r\n")
         for k, v in headers:
             parts += [k, b": ", v, b"\r\n"]
+        if self.extra_headers:
+            for k, v in self.extra_headers:
+                parts += [k, b": ", v, b"\r\n"]
         if self.keep_alive and self._proto._server.draining:
             self.keep_alive = False
         if not self.keep_alive:
@@ -370,6 +378,14 @@ class HttpProtocol(asyncio.Protocol):
             self._reject(417, f"expectation {value[:100].decode('latin-1')!r} is not "
                               "supported: expected 100-continue")
             return
+        check = self._server.expect_check
+        if check is not None:
+            # a final answer the headers already decide (401, 429) goes instead of the 100,
+            # so a refused client does not upload its body first
+            final = check(self._url, self._headers)
+            if final is not None:
+                self._reject(*final)
+                return
         if self._parser.get_http_version() != "1.0" and self._task is None \
                 and self._transport is not None and not self.closed:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -464,16 +480,18 @@ class HttpProtocol(asyncio.Protocol):
         else:
             self.deadline = self._server.loop_time() + self._server.keepalive_timeout_s
 
-    def _reject(self, status: int, message: str) -> None:
-        """Answer an unparsable / oversized request and close the connection."""
+    def _reject(self, status: int, message: str | bytes, headers: Headers = ()) -> None:
+        """Answer an unparsable / oversized / refused request and close the connection;
+        ``message``: text for an OpenAI error body, or the whole JSON body as bytes."""
         self._rejected = True
         if self._transport is None or self.closed:
             return
         if self._task is None:
-            body = error_body(status, message)
+            body = message if isinstance(message, bytes) else error_body(status, message)
+            extra = b"".join(k + b": " + v + b"\r\n" for k, v in headers)
             self._transport.write(status_line(status) + b"content-type: application/json\r\n"
                                   b"content-length: " + str(len(body)).encode() +
-                                  b"\r\nconnection: close\r\n\r\n" + body)
+                                  b"\r\n" + extra + b"connection: close\r\n\r\n" + body)
         self.close()
 
     def timed_out(self) -> None:
@@ -540,6 +558,11 @@ class HttpServer:
         self.keepalive_timeout_s = keepalive_timeout_s
         #: a client whose socket stays full this long is cut (0 = never)
         self.send_timeout_s = send_timeout_s
+        #: ``(target, headers) -> (status, JSON body, headers) | None``: asked when a request
+        #: carries ``Expect: 100-continue``; an answer is sent instead of the 100 (the
+        #: gateway refuses a missing API key or an exhausted rate limit before the upload)
+        self.expect_check: Callable[[bytes, list[tuple[bytes, bytes]]],
+                                    tuple[int, bytes, Headers] | None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.loop_time = time.monotonic
         self.connections: set[HttpProtocol] = set()

@@ -63,6 +63,11 @@ def _load_ca(ctx: ssl.SSLContext, ca_file: str, field: str) -> None:
         raise ConfigError(f"{field}: the CA bundle {ca_file!r} does not load: {e}") from None
 
 
+#: public names of the loaders (:mod:`motor.control_tls` builds its contexts with them)
+load_chain = _load_chain
+load_ca = _load_ca
+
+
 def server_context(cert_file: str, key_file: str | None = None,
                    key_password_file: str | None = None, client_ca_file: str | None = None,
                    field: str = "coordinator.tls") -> ssl.SSLContext:

@@ -42,7 +42,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from motor.aio import cancel_and_wait
 from motor.http.server import ListenError, bind_error_reason  # noqa: F401
-from motor.config.schema import NodeConfig
+from motor.config.schema import ControlPlaneTlsConfig, NodeConfig
+from motor.control_tls import client_context, controller_endpoint, server_context
 from motor.errors import ConfigError
 from motor.http import Client, HttpServer, Request, Response, Router, install_uvloop
 from motor.node_manager.engines import InstancePlan, plan_node
@@ -118,10 +119,12 @@ class EngineInstance:
 
 
 def parse_url(url: str) -> tuple[str, int]:
+    """``http(s)://HOST[:PORT]`` (or ``HOST:PORT``) -> (host, port); port 80 / 443 by default."""
     u = urlsplit(url if "//" in url else "http://" + url)
-    if u.scheme not in ("http", "") or not u.hostname:
-        raise ConfigError(f"controller URL must look like http://HOST:PORT, got {url!r}")
-    return u.hostname, u.port or 80
+    if u.scheme not in ("http", "https", "") or not u.hostname:
+        raise ConfigError(f"controller URL must look like http://HOST:PORT or "
+                          f"https://HOST:PORT, got {url!r}")
+    return u.hostname, u.port or (443 if u.scheme == "https" else 80)
 
 
 class NodeAgent:
@@ -139,14 +142,28 @@ class NodeAgent:
         path logged).
     mgmt_host, mgmt_port : management API (``/health``, ``/metrics``, ``/v1/instances``);
         ``mgmt_port=None`` = ``node.mgmt_port`` (None there too = off), 0 = any free port.
+    tls : ControlPlaneTlsConfig or None
+        ``controller.tls``: the controller is reached over mTLS (``controller_url`` must be
+        ``https://``) and the management API is served with mTLS.
+
+    Raises
+    ------
+    ConfigError
+        a bad engine_config, a controller URL whose scheme does not fit ``tls``, a TLS file
+        that is missing or does not load.
     """
 
     def __init__(self, node: NodeConfig, controller_url: str, heartbeat_interval_s: float = 1.0,
                  log_dir: str | None = None, mgmt_host: str | None = None,
-                 mgmt_port: int | None = None) -> None:
+                 mgmt_port: int | None = None, tls: ControlPlaneTlsConfig | None = None,
+                 ) -> None:
         self.node = node
         self.controller_url = controller_url
         self.controller = parse_url(controller_url)
+        host, port, https = controller_endpoint(
+            controller_url if "//" in controller_url else "http://" + controller_url, tls)
+        #: the management API's server context (mTLS) with ``controller.tls``
+        self._server_tls = server_context(tls) if tls is not None else None
         self.heartbeat_interval_s = heartbeat_interval_s
         self.log_dir = log_dir or node.log_dir or os.environ.get(ENGINE_LOG_DIR_ENV) or None
         self._temp_log_dir = False  #: log_dir is a temp dir this agent made (removed on stop)
@@ -154,7 +171,11 @@ class NodeAgent:
         self.mgmt_port_wanted = mgmt_port if mgmt_port is not None else node.mgmt_port
         self.mgmt_port: int | None = None
         self.plans = plan_node(node)  # raises ConfigError on a bad engine_config
-        self.client = Client(connect_timeout_s=2.0)
+        # one client: plain HTTP to the engines, mTLS to the controller with controller.tls
+        self.client = Client(connect_timeout_s=2.0,
+                             tls=client_context(tls) if tls is not None else None)
+        if https:
+            self.client.use_tls(host, port)
         self.instances: list[EngineInstance] = []
         self.registered = False
         self._ever_registered = False
@@ -203,12 +224,14 @@ class NodeAgent:
         if self.mgmt_port_wanted is not None:  # first: a busy port fails before engines start
             self._http = HttpServer(self._route())
             try:
-                self.mgmt_port = await self._http.listen(self.mgmt_host, self.mgmt_port_wanted)
+                self.mgmt_port = await self._http.listen(self.mgmt_host, self.mgmt_port_wanted,
+                                                         tls=self._server_tls)
             except OSError as e:
                 self._http = None
                 raise ListenError(self.mgmt_host, self.mgmt_port_wanted, e) from e
-            logger.info("node manager %s: management API on http://%s:%d", self.node.name,
-                        self.mgmt_host, self.mgmt_port)
+            logger.info("node manager %s: management API on %s://%s:%d%s", self.node.name,
+                        "https" if self._server_tls else "http", self.mgmt_host, self.mgmt_port,
+                        " (mTLS)" if self._server_tls else "")
         if self.log_dir is None:
             self.log_dir = tempfile.mkdtemp(prefix=f"motor-{self.node.name}-logs-")
             self._temp_log_dir = True
@@ -437,12 +460,14 @@ async def serve_node_manager(agent: NodeAgent, stop: asyncio.Event | None = None
 
 def run_node_manager(node: NodeConfig, controller_url: str, heartbeat_interval_s: float = 1.0,
                      log_dir: str | None = None, mgmt_host: str | None = None,
-                     mgmt_port: int | None = None) -> int:
+                     mgmt_port: int | None = None, tls: ControlPlaneTlsConfig | None = None,
+                     ) -> int:
     """Blocking entry point: uvloop, SIGTERM/SIGINT -> stop engines, deregister, return 0."""
     install_uvloop()
 
     async def main() -> None:
-        agent = NodeAgent(node, controller_url, heartbeat_interval_s, log_dir, mgmt_host, mgmt_port)
+        agent = NodeAgent(node, controller_url, heartbeat_interval_s, log_dir, mgmt_host,
+                          mgmt_port, tls)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

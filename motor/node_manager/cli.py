@@ -56,13 +56,16 @@ def main(args: argparse.Namespace) -> int:
             node = matches[0]
         url = args.controller or cfg.controller.url
         parse_url(url)
+        from motor.control_tls import check, controller_endpoint
+        controller_endpoint(url, cfg.controller.tls)   # a scheme that does not fit controller.tls
+        check(cfg.controller.tls)   # a bad certificate file: exit 2 before anything starts
         from motor.node_manager.engines import plan_node
         plan_node(node)  # bad engine_config -> error before anything starts
     except ConfigError as e:
         return fail("node-manager", e)
     try:
         return run_node_manager(node, url, cfg.controller.heartbeat_interval_s, args.log_dir,
-                                args.host, args.port)
+                                args.host, args.port, cfg.controller.tls)
     except ListenError as e:
         at = f"nodes[{cfg.nodes.index(node)}]"
         if e.bad_host:

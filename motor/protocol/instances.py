@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from motor.config.schema import EngineKind, Role
 
@@ -49,11 +49,19 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+#: bounds of the integers the controller keeps in its table: every one is a port or a rank, and
+#: all must survive the coordinators' JSON parser (``orjson``: 64-bit integers at most; a larger
+#: one comes back as a float, which the table's ``int`` fields then refuse, so one registration
+#: with ``dp_rank: 1e30`` used to leave every coordinator unable to read any table)
+MAX_PORT = 65535
+MAX_RANKS = 65536  #: data- / tensor-parallel sizes (the config allows 256)
+
+
 class Endpoint(_Wire):
     """One HTTP endpoint of an instance: one per DP rank where the engine runs per rank."""
-    host: str
-    port: int = Field(ge=1, le=65535)
-    dp_rank: int = Field(0, ge=0)
+    host: str = Field(min_length=1)
+    port: int = Field(ge=1, le=MAX_PORT)
+    dp_rank: int = Field(0, ge=0, lt=MAX_RANKS)
 
     @property
     def url(self) -> str:
@@ -65,7 +73,8 @@ class KvTransfer(_Wire):
     connector: str = Field(description="e.g. NixlConnector, MooncakeConnectorV1, MooncakeLayerwiseConnector")
     role: str | None = Field(None, description="kv_producer / kv_consumer / kv_both")
     engine_id: str | None = None
-    kv_port: int | None = Field(None, description="the connector's side-channel port, when set")
+    kv_port: int | None = Field(None, ge=1, le=MAX_PORT,
+                                description="the connector's side-channel port, when set")
 
 
 class InstanceSpec(_Wire):
@@ -76,15 +85,28 @@ class InstanceSpec(_Wire):
     engine: EngineKind
     endpoints: list[Endpoint] = Field(min_length=1)
     kv_events: str | None = Field(None, description="ZMQ endpoint of the engine's KV-event publisher")
-    bootstrap_port: int | None = Field(None, description="SGLang PD bootstrap port (prefill instances)")
+    bootstrap_port: int | None = Field(None, ge=1, le=MAX_PORT,
+                                       description="SGLang PD bootstrap port (prefill instances)")
     healthy: bool = False
-    dp_size: int = Field(1, ge=1, description="data-parallel ranks of the instance")
-    tp_size: int = Field(1, ge=1, description="tensor-parallel size of each rank")
+    dp_size: int = Field(1, ge=1, le=MAX_RANKS, description="data-parallel ranks of the instance")
+    tp_size: int = Field(1, ge=1, le=MAX_RANKS, description="tensor-parallel size of each rank")
     kv_transfer: KvTransfer | None = Field(None, description="KV connector of a PD instance")
     metaserver: bool = Field(
         False, description="the engine's KV connector speaks the decode-first metaserver protocol "
                            "(vLLM-Ascend MooncakeLayerwiseConnector): a decode request carries "
                            "kv_transfer_params.metaserver = a coordinator URL that D calls back")
+
+    @model_validator(mode="after")
+    def _unique_dp_ranks(self) -> InstanceSpec:
+        # a coordinator keys an endpoint by (instance, DP rank): a second one would replace the
+        # first without a word
+        seen: set[int] = set()
+        for i, e in enumerate(self.endpoints):
+            if e.dp_rank in seen:
+                raise ValueError(f"endpoints[{i}].dp_rank: expected a DP rank not used by an "
+                                 f"earlier endpoint of instance {self.id!r}, got {e.dp_rank} again")
+            seen.add(e.dp_rank)
+        return self
 
 
 class Instance(InstanceSpec):
@@ -98,7 +120,8 @@ class NodeRegistration(_Wire):
     node: str = Field(min_length=1)
     host: str = "127.0.0.1"
     instances: list[InstanceSpec] = Field(default_factory=list)
-    mgmt_port: int | None = Field(None, description="node manager's management API port, if on")
+    mgmt_port: int | None = Field(None, ge=1, le=MAX_PORT,
+                                  description="node manager's management API port, if on")
 
 
 class VirtualInferenceStatus(_Wire):

@@ -72,8 +72,10 @@ async def test_key_file_is_reloaded_when_it_changes(tmp_path):
 async def test_requests_per_minute_429_with_retry_after_and_openai_headers():
     async with cluster(api_keys=[{"name": "a", "key": "sk-a"}, {"name": "b", "key": "sk-b"}],
                        limits={"keys": {"a": {"rpm": 60}}}) as (fbs, gw):
-        st, _, _ = await http(gw.port, "POST", "/v1/chat/completions", REQ, bearer("sk-a"))
-        assert st == 200
+        st, hdrs, _ = await http(gw.port, "POST", "/v1/chat/completions", REQ, bearer("sk-a"))
+        assert st == 200            # the headers on every answer of a limited key, as OpenAI
+        assert hdrs["x-ratelimit-limit-requests"] == "60"
+        assert hdrs["x-ratelimit-remaining-requests"] == "0"
         st, hdrs, body = await http(gw.port, "POST", "/v1/chat/completions", REQ, bearer("sk-a"))
         assert st == 429
         err = orjson.loads(body)["error"]

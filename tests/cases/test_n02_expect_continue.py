@@ -105,3 +105,27 @@ async def test_curl_large_upload_gets_its_continue(tmp_path):
         out, _ = await p.communicate()
         assert p.returncode == 0, out
         assert orjson.loads(out)["sha256"] == hashlib.sha256(body).hexdigest()
+
+
+@run_async
+async def test_a_refused_key_or_limit_is_answered_instead_of_the_continue():
+    async with cluster(fbs=[FB(behave=echo_sha)], api_keys=[{"name": "a", "key": "sk-a"}],
+                       limits={"keys": {"a": {"rpm": 60}}}) as (fbs, gw):
+        body = body_of(100_000)
+
+        async def expect(key: str) -> bytes:
+            r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+            w.write(f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: "
+                    f"{len(body)}\r\nauthorization: Bearer {key}\r\n"
+                    f"expect: 100-continue\r\n\r\n".encode())
+            first = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 3.0)
+            if first.startswith(b"HTTP/1.1 100"):
+                w.write(body)
+                first = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5.0)
+            w.close()
+            return first
+        assert (await expect("sk-wrong")).startswith(b"HTTP/1.1 401 ")   # no 100 first
+        assert (await expect("sk-a")).startswith(b"HTTP/1.1 200 ")       # 100, body, 200
+        refused = await expect("sk-a")                                    # rpm 60: burst of 1
+        assert refused.startswith(b"HTTP/1.1 429 ") and b"retry-after:" in refused.lower()
+        assert len(fbs[0].log) == 1

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from motor.up import FORCE_AFTER_S
 from tests.support.procs import free_ports, pids_matching
 
 MODEL = "motor-sim"
@@ -264,11 +265,33 @@ def test_a_second_sigterm_forces_the_stop(tmp_path: Path) -> None:
         assert started.wait(30)
         os.kill(up.proc.pid, signal.SIGTERM)
         up.wait_for("Ctrl-C again to force", 30)
+        time.sleep(FORCE_AFTER_S)   # a signal at once after the first is the same stop
         os.kill(up.proc.pid, signal.SIGTERM)
         up.proc.wait(60)   # far less than the 300 s drain
         t.join(30)
         assert "motor up: stopping now: SIGKILL to every component" in up.stderr()
         assert result and not result[0].ok
+    assert _leftovers(base) == []
+
+
+def test_the_same_stop_delivered_twice_still_drains(tmp_path: Path) -> None:
+    """SIGINT to the process group and to motor up at once (as `timeout` or a terminal
+    deliver it): one stop, drained; the stream in flight completes."""
+    cfg, _ctl, gw, base = write_config(tmp_path, engine=", engine_config: {time-scale: 4}",
+                                       coordinator=", drain_timeout_s: 60")
+    with motor_up(tmp_path, cfg, gw, base) as up:
+        started = threading.Event()
+        result: list[Result] = []
+        t = threading.Thread(target=lambda: result.append(stream(gw, 200, started)),
+                             daemon=True)
+        t.start()
+        assert started.wait(30)
+        os.kill(up.proc.pid, signal.SIGINT)
+        os.kill(up.proc.pid, signal.SIGINT)
+        assert up.proc.wait(60) == 0, up.stderr()[-4000:]
+        t.join(30)
+        assert result and result[0].ok and len(result[0].text) == 200
+        assert "stopping now" not in up.stderr()
     assert _leftovers(base) == []
 
 

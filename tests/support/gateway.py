@@ -43,6 +43,7 @@ class Gateway:
         self.coord = Coordinator(self.cfg, self.table, make_policy(self.cfg.policy.value))
         self.server = HttpServer(self.coord.router, max_body_bytes=self.cfg.max_body_bytes,
                                  send_timeout_s=self.cfg.send_timeout_s)
+        self.server.expect_check = self.coord.expect_check
         self.probe = StaticBackends(self.table, self.cfg.health_check_interval_s,
                                     self.cfg.health_check_timeout_s, self.cfg.health_failures) \
             if probe else None

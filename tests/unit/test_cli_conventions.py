@@ -130,7 +130,7 @@ BAD = [
      "expected http://HOST:PORT=[bind:]tcp://HOST:PORT[;replay=ENDPOINT], "
      "got 'http://127.0.0.1:8001'"),
     (["coordinator", "--controller", "127.0.0.1:18500"], "--controller",
-     "expected a URL http://HOST:PORT, got '127.0.0.1:18500'"),
+     "expected a URL http://HOST:PORT or https://HOST:PORT, got '127.0.0.1:18500'"),
     (["coordinator", "-c", "/nonexistent/motor.yaml"], "-c/--config",
      "expected a config file (YAML or JSON), got '/nonexistent/motor.yaml' (no such file)"),
     (["coordinator", "-c", "{dir}"], "-c/--config",
@@ -141,7 +141,7 @@ BAD = [
     (["node-manager", "--log-dir", "{file}"], "--log-dir",
      "expected a directory, got '{file}' (a file)"),
     (["node-manager", "--controller", "ftp://127.0.0.1:18500"], "--controller",
-     "expected a URL http://HOST:PORT, got 'ftp://127.0.0.1:18500'"),
+     "expected a URL http://HOST:PORT or https://HOST:PORT, got 'ftp://127.0.0.1:18500'"),
     (["node-manager", "--port", "x"], "--port", "expected a port number 0..65535, got 'x'"),
     (["sim", "--max-num-seqs", "0"], "--max-num-seqs", "expected an integer >= 1, got 0"),
     (["sim", "--eos-prob", "1.5"], "--eos-prob", "expected a number in [0, 1], got 1.5"),
@@ -326,9 +326,10 @@ def test_file_and_directory_types(tmp_path: Path) -> None:
 
 
 def test_urls() -> None:
-    for ok in ("http://127.0.0.1:18500", "http://ctl:18500/", "http://[::1]:18500"):
+    for ok in ("http://127.0.0.1:18500", "http://ctl:18500/", "http://[::1]:18500",
+               "https://ctl:1"):   # https: a controller with controller.tls
         assert cli.http_url(ok) == ok
-    for bad in ("127.0.0.1:18500", "https://ctl:1", "http://ctl:0", "http://ctl:x",
+    for bad in ("127.0.0.1:18500", "ftp://ctl:1", "http://ctl:0", "http://ctl:x",
                 "http://ctl:1/v1", "http://bad host:1"):
         with pytest.raises(argparse.ArgumentTypeError):
             cli.http_url(bad)

@@ -28,7 +28,7 @@ from motor.config.schema import EngineConfig, NodeConfig, Role
 from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, endpoint,
                                         engine_flags, flag_key, instance_id, launcher,
                                         process_name)
-from motor.protocol.instances import KvTransfer
+from motor.protocol.instances import MAX_PORT, KvTransfer
 from motor.protocol.kv_events import subscriber_address
 
 DEFAULT_LAUNCHER = ["vllm", "serve"]
@@ -122,6 +122,8 @@ def kv_transfer_info(engine: EngineConfig, iid: str) -> KvTransfer | None:
         kv_port = int(port) if port is not None else None
     except (TypeError, ValueError):
         kv_port = None
+    if kv_port is not None and not 1 <= kv_port <= MAX_PORT:
+        kv_port = None  # not a port: left out like an unparsable one (the wire type refuses it)
     return KvTransfer(connector=str(cfg["kv_connector"]),
                       role=str(cfg["kv_role"]) if cfg.get("kv_role") else None,
                       engine_id=str(cfg["engine_id"]) if cfg.get("engine_id") else None,

@@ -90,7 +90,7 @@ def test_http_500_counted_and_cli_exit_1(capsys):
         res = bench(srv.url, num_requests=9, concurrency=1)
         assert (res.completed, res.failed) == (6, 3)
         assert res.failure_reasons == {"http_500": 3}
-        assert res.failure_messages[0] == "http_500: HTTP 500: injected failure"
+        assert res.failure_messages == ["http_500: HTTP 500: injected failure (x3)"]  # grouped
         assert all(r.status == 500 for r in res.requests if not r.ok)
         assert res.exit_status == 1
         assert res.metrics["E2EL"].n == 6

@@ -88,7 +88,7 @@ def test_queue_full_and_queue_timeout_are_refused_with_retry_after():
             await waiting
         assert late.value.reason == "queue timeout"
         assert adm.queued == 0 and adm.in_flight == 1
-        assert adm.refused == {"queue full": 1, "queue timeout": 1}
+        assert adm.refused == {"queue full": 1, "displaced": 0, "queue timeout": 1}
         adm.leave()
         assert adm.in_flight == 0
     run(main())
@@ -127,3 +127,31 @@ def test_unknown_class_is_served_last():
     adm = Admission(1, 1, 1.0, ["interactive", "batch"])
     assert adm.class_of("interactive") == 0 and adm.class_of("nope") == 1
     assert adm.class_of(None) == 1
+
+
+def test_full_queue_of_a_lower_class_makes_room_for_a_higher_one():
+    async def main():
+        adm = Admission(1, 3, 5.0, ["interactive", "batch"])
+        await adm.enter("seed", 0)
+        log: list[str] = []
+        batch = [("b0", "bulk", 1), ("b1", "bulk", 1), ("o0", "other", 1)]
+        tasks = await _enter_all(adm, batch, log)
+        assert adm.queued == 3
+        # an interactive request at a full queue: the newest waiter of the longest batch key
+        # queue (b1) is refused at once and the interactive one waits in its place
+        inter = await _enter_all(adm, [("i0", "chat", 0)], log)
+        assert adm.queued == 3
+        with pytest.raises(Refused) as out:
+            await tasks[1]
+        assert out.value.reason == "displaced" and out.value.retry_after_s >= 1
+        # another batch request finds no lower class to displace: refused itself
+        with pytest.raises(Refused) as full:
+            await adm.enter("bulk", 1)
+        assert full.value.reason == "queue full"
+        assert adm.refused == {"queue full": 1, "displaced": 1, "queue timeout": 0}
+        for _ in range(3):
+            adm.leave()
+            await asyncio.sleep(0)
+        await asyncio.gather(tasks[0], tasks[2], *inter)
+        assert log == ["i0", "b0", "o0"] and adm.queued == 0 and adm.in_flight == 1
+    run(main())

@@ -73,8 +73,13 @@ def test_bad_hashed_entries_are_config_errors_that_never_echo_the_entry(entry, w
     assert entry not in str(e.value)
 
 
+def test_the_same_key_under_two_names_is_refused():
+    with pytest.raises(ConfigError, match="API key 1: expected a key no other entry has"):
+        KeyStore([("a", "k1"), ("b", "k1")])
+
+
 def test_duplicate_names_are_refused():
-    with pytest.raises(ConfigError, match="unique, got 'a' twice"):
+    with pytest.raises(ConfigError, match="API key 1: expected a key name no other key has, got 'a'"):
         KeyStore([("a", "k1"), ("a", "k2")])
 
 
@@ -112,5 +117,5 @@ def test_secret_directory_one_key_per_file(tmp_path):
 
 
 def test_unreadable_source_names_the_path(tmp_path):
-    with pytest.raises(ConfigError, match="api_keys_file: cannot read .*nope"):
+    with pytest.raises(ConfigError, match="api_keys_file: expected a readable file or directory, got .*nope"):
         KeyStore([], str(tmp_path / "nope"))
