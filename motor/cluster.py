@@ -295,7 +295,7 @@ class Cluster:
         from motor.node_manager.engines import plan_node
         out = []
         for i, node in enumerate(self.cfg.nodes):
-            plans = plan_node(node)
+            plans = plan_node(node, self.cfg)
             for j, e in enumerate(node.engines):
                 argv = next((p.processes[0].argv for p in plans if p.engine is e
                              and p.processes), None)

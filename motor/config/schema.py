@@ -71,6 +71,19 @@ class EngineKind(str, Enum):
     SIM = "sim"
 
 
+class Platform(str, Enum):
+    """The accelerators of a node: which ``*_VISIBLE_DEVICES`` variable an engine's devices go
+    in, and (vLLM) which PD connector is the default (docs/pd.md, "Ascend defaults")."""
+    ASCEND = "ascend"   #: Ascend NPUs: ``ASCEND_RT_VISIBLE_DEVICES``; vLLM = vLLM-Ascend
+    CUDA = "cuda"       #: NVIDIA GPUs: ``CUDA_VISIBLE_DEVICES``
+    CPU = "cpu"         #: no accelerator: no device variable, no device allocation
+
+
+#: the environment variable that names an engine's devices, per platform
+DEVICE_ENV: dict[Platform, str] = {Platform.ASCEND: "ASCEND_RT_VISIBLE_DEVICES",
+                                   Platform.CUDA: "CUDA_VISIBLE_DEVICES"}
+
+
 class DeploymentMode(str, Enum):
     """How the coordinator drives a request through instances."""
     UNION = "union"
@@ -499,6 +512,14 @@ class EngineConfig(_Strict):
                         f"{kind}: {', '.join(flags)}" for kind, flags in MANAGED_FLAGS.items())
                     + ")")
     env: dict[str, str] = Field(default_factory=dict)
+    devices: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="device ids of the whole group (`vllm` / `sglang` on an `ascend` or "
+                          "`cuda` node): `count` x `dp_size` x `tp_size` distinct ids; instance "
+                          "i, DP rank r gets the `tp_size` ids from position (i*dp_size + r)*"
+                          "tp_size (SGLang: the instance's `dp_size*tp_size` ids). null = the "
+                          "lowest devices of the node that no group before it (and no explicit "
+                          "`devices` of any group) takes, in config order. Two groups of a node "
+                          "may not share a device")
     launcher: list[str] | None = Field(
         None, description="command that starts the engine (default per kind)")
     health_path: str = "/health"
@@ -508,6 +529,42 @@ class EngineConfig(_Strict):
     stop_timeout_s: float = Field(10.0, gt=0, description="SIGTERM -> this long -> SIGKILL of the group")
     restart: RestartConfig = Field(default_factory=RestartConfig)
     virtual_inference: VirtualInferenceConfig = Field(default_factory=VirtualInferenceConfig)
+
+    @field_validator("devices")
+    @classmethod
+    def _distinct_devices(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None:
+            dup = sorted({d for d in v if v.count(d) > 1})
+            if dup:
+                raise ValueError(f"expected distinct device ids, got {_ids(dup)} more than once")
+        return v
+
+    @model_validator(mode="after")
+    def _devices_fit_group(self) -> EngineConfig:
+        if self.devices is None:
+            return self
+        if self.kind is EngineKind.SIM:
+            raise ValueError(f"devices: expected none for a sim engine (it uses no device), "
+                             f"got {self.devices}")
+        need = self.devices_per_instance * self.count
+        if len(self.devices) != need:
+            raise ValueError(
+                f"devices: expected count x dp_size x tp_size = {self.count} x {self.dp_size} x "
+                f"{self.tp_size} = {need} device ids, got {len(self.devices)} ({self.devices})")
+        return self
+
+    @property
+    def devices_per_instance(self) -> int:
+        """Devices one instance takes: ``dp_size * tp_size`` (each DP rank ``tp_size``)."""
+        return self.dp_size * self.tp_size
+
+    def flag_value(self, key: str) -> Any:
+        """The ``engine_config`` value of flag ``key`` in any spelling (None if absent)."""
+        k = flag_key(key)
+        for raw, v in self.engine_config.items():
+            if flag_key(raw) == k:
+                return v
+        return None
 
     @property
     def virtual_inference_on(self) -> bool:
@@ -540,6 +597,17 @@ class NodeConfig(_Strict):
         None, ge=0, le=65535, description="node manager's management API port (/health, /metrics, "
                                           "/v1/instances); 0 = any; null = off; `--port` overrides")
     npu: NpuConfig = Field(default_factory=NpuConfig)
+    platform: Platform = Field(
+        Platform.ASCEND,
+        description="the node's accelerators: `ascend` (NPUs: `ASCEND_RT_VISIBLE_DEVICES`; "
+                    "`vllm` engines are vLLM-Ascend, with its PD connector defaults), `cuda` "
+                    "(GPUs: `CUDA_VISIBLE_DEVICES`; vLLM's NixlConnector default), `cpu` (no "
+                    "device variable, no device allocation)")
+    devices: int | None = Field(
+        None, ge=1, le=4096,
+        description="how many devices the node has (ids 0..devices-1); an engine group's "
+                    "`devices` id or an allocation beyond it is refused at load time; null = "
+                    "not checked")
     engines: list[EngineConfig] = Field(default_factory=list)
 
     @field_validator("engines")
@@ -574,6 +642,14 @@ CROSS_FIELD_RULES: list[tuple[str, str]] = [
      "initial <= max"),
     ("`nodes[].engines[].engine_config`, `nodes[].engines[].kind`",
      "no flag motor sets itself for that kind (see `engine_config`), no flag in two spellings"),
+    ("`nodes[].engines[].devices`, `nodes[].devices`, `count`, `dp_size`, `tp_size`",
+     "no device of a node in two engine groups (explicit `devices`, or allocated in config "
+     "order from the lowest free id); every id below `nodes[].devices` when it is set"),
+    ("`nodes[].platform: ascend`, `kind: vllm`, `role: prefill` / `decode`, "
+     "`coordinator.mode`",
+     "the vLLM prefill (decode) engines of a model share one `dp_size` / `tp_size` when motor "
+     "fills in a vLLM decode (prefill) engine's `kv_connector_extra_config`, unless that engine's "
+     "`engine_config.kv_transfer_config.kv_connector_extra_config` names the other side"),
     ("every `host`", "an IPv4 / IPv6 address or a DNS host name of RFC 1123 labels"),
     ("`nodes[].name`; `nodes[].engines[].name` within a node", "unique"),
     ("every port (`controller.port`, `coordinator.port`, `coordinator.management_port`, "
@@ -638,7 +714,59 @@ class ClusterConfig(_Strict):
         self._check_engine_flags()
         self._check_names_and_ports()
         self._check_priorities()
+        self._check_devices()
+        self._check_pd_peers()
         return self
+
+    def _check_devices(self) -> None:
+        """No device of a node in two engine groups, none beyond ``nodes[].devices``."""
+        for i, n in enumerate(self.nodes):
+            allocate_devices(n, where=f"nodes[{i}]")
+
+    def pd_peer_parallel(self, engine: EngineConfig, where: str = "") -> dict[str, int] | None:
+        """The ``{dp_size, tp_size}`` of the PD peers of a prefill (decode) ``engine``: the decode
+        (prefill) groups of its kind serving its model, when they all have one size; None when
+        there is none.
+
+        Raises
+        ------
+        ValueError
+            the peer groups have different sizes (``where`` names the engine).
+        """
+        want = {Role.PREFILL: Role.DECODE, Role.DECODE: Role.PREFILL}.get(engine.role)
+        if want is None:
+            return None
+        peers = [(at, e) for at, e in self.engine_groups()
+                 if e.role is want and e.model_name == engine.model_name
+                 and e.kind is engine.kind]   # KV goes between engines of one kind only
+        sizes = {(e.dp_size, e.tp_size) for _, e in peers}
+        if not sizes:
+            return None
+        if len(sizes) > 1:
+            listed = ", ".join(f"{at} dp_size {e.dp_size} tp_size {e.tp_size}" for at, e in peers)
+            raise ValueError(
+                f"{where}.engine_config.kv_transfer_config: expected one dp_size / tp_size "
+                f"across the {want.value} engines of model {engine.model_name!r} (vLLM-Ascend's "
+                f"kv_connector_extra_config.{want.value} has one), got {listed}; set "
+                f"kv_connector_extra_config.{want.value} in this engine's kv_transfer_config")
+        dp, tp = sizes.pop()
+        return {"dp_size": dp, "tp_size": tp}
+
+    def _check_pd_peers(self) -> None:
+        """vLLM-Ascend PD engines: the peers' sizes motor fills in are unambiguous."""
+        for i, n in enumerate(self.nodes):
+            if n.platform is not Platform.ASCEND:
+                continue
+            for j, e in enumerate(n.engines):
+                if e.kind is not EngineKind.VLLM or e.role is Role.UNION:
+                    continue
+                side = "decode" if e.role is Role.PREFILL else "prefill"
+                user = json_value(e.flag_value("kv-transfer-config"))
+                if isinstance(user, dict):
+                    extra = user.get("kv_connector_extra_config")
+                    if isinstance(extra, dict) and side in extra:
+                        continue
+                self.pd_peer_parallel(e, where=f"nodes[{i}].engines[{j}]")
 
     def _check_priorities(self) -> None:
         """Every admission class a key limit names is one of ``admission.classes``."""
@@ -773,6 +901,84 @@ class ClusterConfig(_Strict):
                         f" (instance {inst}" + (f", DP rank {rank})" if e.dp_size > 1 else ")")
                         if k else "")
                     claim(e.host, e.base_port + k, what)
+
+
+def json_value(v: Any) -> Any:
+    """An ``engine_config`` value that may be given as JSON text: the parsed value (None when
+    the text is no JSON); any other value as it is."""
+    if isinstance(v, str):
+        import json
+        try:
+            return json.loads(v)
+        except ValueError:
+            return None
+    return v
+
+
+def _ids(ids: Collection[int]) -> str:
+    return ", ".join(str(d) for d in ids)
+
+
+def allocate_devices(node: NodeConfig, where: str = "") -> list[list[int] | None]:
+    """The devices of each engine group of ``node`` (config order): its ``devices`` when set,
+    else the ``count * dp_size * tp_size`` lowest ids that no group before it and no explicit
+    ``devices`` of the node takes; None for a group that uses none (kind ``sim``, a ``cpu``
+    node).
+
+    Parameters
+    ----------
+    node : the node
+    where : the node's field path in messages (``nodes[0]``); empty = ``engines[j]``
+
+    Raises
+    ------
+    ValueError
+        two groups share a device (the message names both groups and the devices), or an id
+        is not below ``node.devices``.
+    """
+    pre = f"{where}." if where else ""
+    uses = [e.kind is not EngineKind.SIM and node.platform is not Platform.CPU
+            for e in node.engines]
+    owner: dict[int, int] = {}
+    for j, e in enumerate(node.engines):
+        if e.devices is None:
+            continue
+        if not uses[j]:
+            raise ValueError(f"{pre}engines[{j}].devices: expected none on a {node.platform.value} "
+                             f"node (no device variable is set), got {e.devices}")
+        taken = [d for d in e.devices if d in owner]
+        if taken:
+            k = owner[taken[0]]
+            ds = [d for d in taken if owner[d] == k]
+            raise ValueError(
+                f"{pre}engines[{j}].devices: expected devices no other engine group of node "
+                f"{node.name!r} uses, got {_ids(ds)} also in {pre}engines[{k}].devices (engine "
+                f"{node.engines[k].name!r}; engine {e.name!r} lists {e.devices})")
+        for d in e.devices:
+            owner[d] = j
+    out: list[list[int] | None] = []
+    nxt = 0
+    for j, e in enumerate(node.engines):
+        if not uses[j]:
+            out.append(None)
+            continue
+        if e.devices is not None:
+            got = list(e.devices)
+        else:
+            got = []
+            while len(got) < e.devices_per_instance * e.count:
+                if nxt not in owner:
+                    got.append(nxt)
+                    owner[nxt] = j
+                nxt += 1
+        if node.devices is not None and got and max(got) >= node.devices:
+            how = f"listing {_ids(got)}" if e.devices is not None else \
+                f"allocated {_ids(got)} after the groups before it"
+            raise ValueError(
+                f"{pre}engines[{j}].devices: expected ids below {pre}devices = {node.devices} "
+                f"(the node's devices 0..{node.devices - 1}), got engine {e.name!r} {how}")
+        out.append(got)
+    return out
 
 
 def _model_field(e: EngineConfig) -> str:

@@ -35,13 +35,16 @@ async def _housekeeping(coord: Coordinator, cert_reloader: CertReloader | None,
 async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                 controller_url: str | None = None, stop: asyncio.Event | None = None,
                 ready_file: str | None = None, reuse_port: bool = False,
-                worker_index: int = 0, shm: tuple[str, str] | None = None) -> None:
+                worker_index: int = 0, shm: tuple[str, str, str | None] | None = None
+                ) -> None:
     """Run until ``stop`` is set or SIGTERM/SIGINT; then drain in-flight requests.
 
-    ``shm``: (ring prefix, load table name) of a multi-worker coordinator: this worker
-    gets the instance table, slots and KV events from the feed process
-    (:class:`motor.coordinator.rings.WorkerLink`), counts load in its row of the shared
-    load table, and listens only once the feed's snapshot is applied.
+    ``shm``: (ring prefix, load table name, rate table name or None) of a multi-worker
+    coordinator: this worker gets the instance table, slots and KV events from the feed
+    process (:class:`motor.coordinator.rings.WorkerLink`), counts load in its row of the
+    shared load table and what it admits in its row of the rate table
+    (:mod:`motor.coordinator.ratetable`, when some rate limit is configured), and listens
+    only once the feed's snapshot is applied.
     """
     c = cfg.coordinator
     https = [b for b in backends or () if is_https(b)]
@@ -66,7 +69,11 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
         policy = make_policy(c.policy.value, router=kv_router)
     else:
         policy = make_policy(c.policy.value)
-    coord = Coordinator(c, table, policy)
+    rate_table = None
+    if shm is not None and shm[2]:
+        from motor.coordinator.ratetable import RateTable
+        rate_table = RateTable.attach(shm[2])
+    coord = Coordinator(c, table, policy, rate_table=rate_table, worker_index=worker_index)
     tasks: list[asyncio.Task[None]] = []
     if kv_feed is not None:
         tasks.append(asyncio.ensure_future(kv_feed.run()))
@@ -89,7 +96,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
         from motor._fast.ring import Ring
         from motor.coordinator.loadtable import LoadTable
         from motor.coordinator.rings import WorkerLink, ring_names
-        prefix, load_name = shm
+        prefix, load_name, _ = shm
         load = LoadTable.attach(load_name)
         w_ring, h_ring = ring_names(prefix, worker_index)
         link = WorkerLink(worker_index, load, Ring.attach(w_ring), Ring.attach(h_ring), table,
@@ -145,4 +152,6 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     if link is not None:
         link.close()
         link.load.close()
+    if rate_table is not None:
+        rate_table.close()
     client.close()

@@ -37,6 +37,7 @@ from motor.coordinator import metrics
 from motor.coordinator.admission import Admission, Refused
 from motor.coordinator.keys import KeyStore
 from motor.coordinator.ratelimit import Limit, RateLimiter
+from motor.coordinator.ratetable import RateTable, SharedRateLimiter
 from motor.http.server import Request, Response
 from motor.http.tls import CertReloader, client_context, server_context
 from motor.protocol.openai import error_body
@@ -147,7 +148,14 @@ class Edge:
     env_keys : str
         the ``MOTOR_API_KEYS`` value.
     share : float
-        fraction of every rate limit this worker enforces (``1 / workers``).
+        fraction of every rate limit this worker enforces (``1 / workers``) when the limits
+        are not shared.
+    rate_table : RateTable, optional
+        the shared rate-limit table of a multi-worker coordinator
+        (:mod:`motor.coordinator.ratetable`): every limit then holds for all the workers
+        together, counted in row ``worker``.
+    worker : int
+        this worker's index.
 
     Raises
     ------
@@ -155,7 +163,8 @@ class Edge:
         from the key sources (:class:`motor.coordinator.keys.KeyStore`).
     """
 
-    def __init__(self, cfg: CoordinatorConfig, env_keys: str = "", share: float = 1.0) -> None:
+    def __init__(self, cfg: CoordinatorConfig, env_keys: str = "", share: float = 1.0,
+                 rate_table: RateTable | None = None, worker: int = 0) -> None:
         entries = key_entries(cfg, env_keys)
         self.keys: KeyStore | None = KeyStore(entries, cfg.api_keys_file) \
             if entries or cfg.api_keys_file else None
@@ -163,8 +172,10 @@ class Edge:
 
         def limit(k: Any) -> Limit:
             return Limit(rpm=k.rpm, tpm=k.tpm)
-        limiter = RateLimiter({n: limit(k) for n, k in lim.keys.items()}, limit(lim.default),
-                              burst_s=lim.burst_s, share=share)
+        limits = {n: limit(k) for n, k in lim.keys.items()}
+        limiter = RateLimiter(limits, limit(lim.default), burst_s=lim.burst_s, share=share) \
+            if rate_table is None else \
+            SharedRateLimiter(limits, limit(lim.default), lim.burst_s, rate_table, worker)
         self.limiter: RateLimiter | None = limiter if limiter.enabled else None
         self._tpm_keys = {n for n, k in lim.keys.items() if k.tpm} | (
             {"*"} if lim.default.tpm else set())

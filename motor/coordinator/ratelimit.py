@@ -16,10 +16,12 @@ Refusals carry what OpenAI's API sends and its clients read (``Retry-After`` in 
 ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers; OpenAI "Rate limits" guide),
 the durations in its ``1m30s`` / ``250ms`` form.
 
-One :class:`RateLimiter` per process. With ``coordinator.workers`` > 1 each worker enforces
-``1 / workers`` of every limit: the kernel spreads connections over the workers
-(``SO_REUSEPORT``), so a key that uses few connections can get less than its limit. A limit
-shared across the workers (a table in shared memory, as the load table is) is not built yet.
+One :class:`RateLimiter` per process (``coordinator.workers`` = 1). With several workers
+each limit holds for all of them together: the subclass
+:class:`motor.coordinator.ratetable.SharedRateLimiter` (same interface) decides from a
+table in shared memory where every worker counts what it admits; ``share``
+(``1 / workers``) is then only the part of a limit a worker enforces on its own, for a name
+that found no slot in that table.
 """
 from __future__ import annotations
 
@@ -93,7 +95,8 @@ class RateLimiter:
     burst_s : float
         bucket capacity, in seconds of refill.
     share : float
-        fraction of every limit this process enforces (``1 / workers``).
+        fraction of every limit this process enforces (1; ``1 / workers`` where a worker of
+        several limits a name on its own).
     """
 
     def __init__(self, limits: dict[str, Limit], default: Limit = Limit(),

@@ -36,6 +36,7 @@ from motor.coordinator.edge import Edge
 from motor.coordinator.endpoints import EndpointTable
 from motor.coordinator.metrics import render_metrics
 from motor.coordinator.policy import Policy
+from motor.coordinator.ratetable import RateTable
 from motor.coordinator.routing import UnionPath, make_path
 from motor.coordinator.routing.base import RequestPath, Route, Settings
 from motor.coordinator.routing.passthrough import ROUTES, PassthroughPath
@@ -53,13 +54,16 @@ class Coordinator:
     is routable.
     """
 
-    def __init__(self, cfg: CoordinatorConfig, table: EndpointTable, policy: Policy) -> None:
+    def __init__(self, cfg: CoordinatorConfig, table: EndpointTable, policy: Policy,
+                 rate_table: RateTable | None = None, worker_index: int = 0) -> None:
         self.cfg = cfg
         self.table = table
         self.policy = policy
         self.settings = Settings(cfg)
-        #: API keys, rate limits, admission (``share``: this worker's part of each limit)
-        self.edge = Edge(cfg, self.settings.env_keys, share=1.0 / cfg.workers)
+        #: API keys, rate limits, admission; with several workers the limits are shared
+        #: through ``rate_table`` (``share``: a worker's part of a limit it counts alone)
+        self.edge = Edge(cfg, self.settings.env_keys, share=1.0 / cfg.workers,
+                         rate_table=rate_table, worker=worker_index)
         self._inference_paths: set[str] = set()
         table.configure_breakers(cfg.breaker)
         self.ready_source: asyncio.Event | None = None

@@ -3,12 +3,13 @@
 The supervisor binds nothing itself: each worker process listens on the API port with
 ``SO_REUSEPORT`` and the kernel spreads connections over them. Before starting them it
 creates the shared memory of the data plane (docs/coordinator.md): the load table
-(:mod:`motor.coordinator.loadtable`) and two SPSC rings per worker, then starts the feed
+(:mod:`motor.coordinator.loadtable`), the rate-limit table when some rate limit is
+configured (:mod:`motor.coordinator.ratetable`) and two SPSC rings per worker, then starts the feed
 process (:mod:`motor.coordinator.feed`: the only follower of the controller, of the
 engines' KV events and ``/metrics``) and the workers.
 
 A dead child is restarted (at most ``MAX_RESTARTS`` in ``RESTART_WINDOW_S``, with a
-doubling delay); a dead worker's row of the load table is reset before its successor
+doubling delay); a dead worker's rows of the load and rate tables are reset before its successor
 starts, and the successor asks the feed for a snapshot and listens only once it is
 applied. On SIGTERM / SIGINT every worker drains (stops accepting, finishes in-flight
 requests within ``coordinator.drain_timeout_s``), then the feed stops.
@@ -40,7 +41,7 @@ HINT_RING_BYTES = 1024 * 1024
 
 
 def _worker_main(cfg_json: str, backends: list[str] | None, controller_url: str | None,
-                 index: int, log_level: str, shm: tuple[str, str] | None = None
+                 index: int, log_level: str, shm: tuple[str, str, str | None] | None = None
                  ) -> None:  # pragma: no cover - runs in a child
     import asyncio
 
@@ -72,6 +73,8 @@ def run_workers(cfg: ClusterConfig, backends: list[str] | None, controller_url: 
     from motor._fast.ring import Ring
     from motor.coordinator.feed import feed_main
     from motor.coordinator.loadtable import LoadTable
+    from motor.coordinator.ratelimit import Limit
+    from motor.coordinator.ratetable import RateTable, reserved_names
     from motor.coordinator.rings import ring_names
 
     metrics_dir = tempfile.mkdtemp(prefix="motor-coordinator-metrics-")
@@ -81,6 +84,10 @@ def run_workers(cfg: ClusterConfig, backends: list[str] | None, controller_url: 
     level = logging.getLevelName(logging.getLogger().level).lower()
     prefix = f"motor-coord-{os.getpid()}-{os.urandom(3).hex()}"
     load = LoadTable.create(f"{prefix}-load", n)
+    lim = cfg.coordinator.limits
+    limited = reserved_names({k: Limit(v.rpm, v.tpm) for k, v in lim.keys.items()})
+    rate = RateTable.create(f"{prefix}-rate", n, len(limited)) \
+        if limited or lim.default.rpm or lim.default.tpm else None
     rings: list[Ring] = []
     for i in range(n):
         w, h = ring_names(prefix, i)
@@ -98,9 +105,12 @@ def run_workers(cfg: ClusterConfig, backends: list[str] | None, controller_url: 
                             daemon=False)
         else:
             load.reset_row(i)   # the predecessor's in-flight load died with it
+            if rate is not None:
+                rate.reset_row(i)   # a single writer of the row again
             p = ctx.Process(target=_worker_main, name=f"motor-worker-{i}",
                             args=(cfg_json, backends, controller_url, i, level,
-                                  (prefix, load.name)), daemon=False)
+                                  (prefix, load.name, rate.name if rate else None)),
+                            daemon=False)
         p.start()
         procs[i] = p
         logger.info("coordinator %s started (pid %d)", "feed" if i < 0 else f"worker {i}", p.pid)
@@ -157,5 +167,8 @@ def run_workers(cfg: ClusterConfig, backends: list[str] | None, controller_url: 
             r.unlink()
         load.close()
         load.unlink()
+        if rate is not None:
+            rate.close()
+            rate.unlink()
         shutil.rmtree(metrics_dir, ignore_errors=True)
 

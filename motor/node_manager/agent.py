@@ -42,7 +42,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from motor.aio import cancel_and_wait
 from motor.http.server import ListenError, bind_error_reason  # noqa: F401
-from motor.config.schema import ControlPlaneTlsConfig, NodeConfig
+from motor.config.schema import ClusterConfig, ControlPlaneTlsConfig, NodeConfig
 from motor.control_tls import client_context, controller_endpoint, server_context
 from motor.errors import ConfigError
 from motor.http import Client, HttpServer, Request, Response, Router, install_uvloop
@@ -145,6 +145,9 @@ class NodeAgent:
     tls : ControlPlaneTlsConfig or None
         ``controller.tls``: the controller is reached over mTLS (``controller_url`` must be
         ``https://``) and the management API is served with mTLS.
+    cluster : ClusterConfig or None
+        The config ``node`` comes from (the vLLM-Ascend PD defaults take the mode and the PD
+        peers' sizes from it, :func:`~motor.node_manager.engines.plan_node`).
 
     Raises
     ------
@@ -156,7 +159,7 @@ class NodeAgent:
     def __init__(self, node: NodeConfig, controller_url: str, heartbeat_interval_s: float = 1.0,
                  log_dir: str | None = None, mgmt_host: str | None = None,
                  mgmt_port: int | None = None, tls: ControlPlaneTlsConfig | None = None,
-                 ) -> None:
+                 cluster: ClusterConfig | None = None) -> None:
         self.node = node
         self.controller_url = controller_url
         self.controller = parse_url(controller_url)
@@ -170,7 +173,7 @@ class NodeAgent:
         self.mgmt_host = mgmt_host or node.host
         self.mgmt_port_wanted = mgmt_port if mgmt_port is not None else node.mgmt_port
         self.mgmt_port: int | None = None
-        self.plans = plan_node(node)  # raises ConfigError on a bad engine_config
+        self.plans = plan_node(node, cluster)  # raises ConfigError on a bad engine_config
         # one client: plain HTTP to the engines, mTLS to the controller with controller.tls
         self.client = Client(connect_timeout_s=2.0,
                              tls=client_context(tls) if tls is not None else None)
@@ -461,13 +464,13 @@ async def serve_node_manager(agent: NodeAgent, stop: asyncio.Event | None = None
 def run_node_manager(node: NodeConfig, controller_url: str, heartbeat_interval_s: float = 1.0,
                      log_dir: str | None = None, mgmt_host: str | None = None,
                      mgmt_port: int | None = None, tls: ControlPlaneTlsConfig | None = None,
-                     ) -> int:
+                     cluster: ClusterConfig | None = None) -> int:
     """Blocking entry point: uvloop, SIGTERM/SIGINT -> stop engines, deregister, return 0."""
     install_uvloop()
 
     async def main() -> None:
         agent = NodeAgent(node, controller_url, heartbeat_interval_s, log_dir, mgmt_host,
-                          mgmt_port, tls)
+                          mgmt_port, tls, cluster)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -60,12 +60,12 @@ def main(args: argparse.Namespace) -> int:
         controller_endpoint(url, cfg.controller.tls)   # a scheme that does not fit controller.tls
         check(cfg.controller.tls)   # a bad certificate file: exit 2 before anything starts
         from motor.node_manager.engines import plan_node
-        plan_node(node)  # bad engine_config -> error before anything starts
+        plan_node(node, cfg)  # bad engine_config -> error before anything starts
     except ConfigError as e:
         return fail("node-manager", e)
     try:
         return run_node_manager(node, url, cfg.controller.heartbeat_interval_s, args.log_dir,
-                                args.host, args.port, cfg.controller.tls)
+                                args.host, args.port, cfg.controller.tls, cluster=cfg)
     except ListenError as e:
         at = f"nodes[{cfg.nodes.index(node)}]"
         if e.bad_host:

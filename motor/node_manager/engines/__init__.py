@@ -32,10 +32,10 @@ from typing import Any, Protocol
 import orjson
 
 from motor.config.engine_flags import flag_key
-from motor.config.schema import EngineConfig, EngineKind, NodeConfig
+from motor.config.schema import (DEVICE_ENV, ClusterConfig, EngineConfig, EngineKind, NodeConfig,
+                                 allocate_devices)
 from motor.errors import ConfigError
 from motor.protocol.instances import Endpoint, InstanceSpec, KvTransfer
-
 Pairs = Mapping[str, Any] | Iterable[tuple[str, Any]]
 
 #: KV connectors of the decode-first "metaserver" protocol (D calls the coordinator back)
@@ -177,7 +177,8 @@ class InstancePlan:
 
 
 class Backend(Protocol):
-    def build(self, node: NodeConfig, engine: EngineConfig, index: int) -> InstancePlan: ...
+    def build(self, node: NodeConfig, engine: EngineConfig, index: int,
+              cluster: ClusterConfig | None = None) -> InstancePlan: ...
 
 
 def instance_id(node: str, engine: str, index: int) -> str:
@@ -202,6 +203,62 @@ def base_env(engine: EngineConfig, instance: str, dp_rank: int) -> dict[str, str
     return env
 
 
+def _allocation(node: NodeConfig) -> list[list[int] | None]:
+    try:
+        return allocate_devices(node)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def group_devices(node: NodeConfig, engine: EngineConfig) -> list[int] | None:
+    """The device ids of engine group ``engine`` of ``node`` (explicit ``devices`` or allocated
+    in config order, :func:`motor.config.schema.allocate_devices`); None when it uses none.
+
+    Raises
+    ------
+    ConfigError
+        two groups of the node share a device, or an id is beyond ``node.devices``.
+    """
+    for e, devs in zip(node.engines, _allocation(node)):
+        if e is engine:
+            return devs
+    raise ValueError(f"engine {engine.name!r} is not one of node {node.name!r}'s engines")
+
+
+def device_slot(node: NodeConfig, engine: EngineConfig, index: int) -> int:
+    """Devices taken by the instances before instance ``index`` of ``engine`` on ``node`` (config
+    order, whatever their ids): a per-node offset unique to the instance, which spans
+    ``dp_size * tp_size`` slots from it."""
+    alloc = _allocation(node)
+    n = 0
+    for e, devs in zip(node.engines, alloc):
+        if e is engine:
+            return n + index * e.devices_per_instance
+        n += len(devs or ())
+    raise ValueError(f"engine {engine.name!r} is not one of node {node.name!r}'s engines")
+
+
+def instance_ordinal(node: NodeConfig, engine: EngineConfig, index: int) -> int:
+    """Position of instance ``index`` of ``engine`` among all instances of ``node`` (config
+    order): 0, 1, ... across the groups."""
+    n = 0
+    for e in node.engines:
+        if e is engine:
+            return n + index
+        n += e.count
+    raise ValueError(f"engine {engine.name!r} is not one of node {node.name!r}'s engines")
+
+
+def device_env(node: NodeConfig, engine: EngineConfig, devices: Sequence[int] | None
+               ) -> dict[str, str]:
+    """``{ASCEND_RT_VISIBLE_DEVICES | CUDA_VISIBLE_DEVICES: "a,b,..."}`` (the node's platform),
+    empty on a ``cpu`` node, without devices, or when the engine's ``env`` sets the variable."""
+    var = DEVICE_ENV.get(node.platform)
+    if var is None or devices is None or var in engine.env:
+        return {}
+    return {var: ",".join(str(d) for d in devices)}
+
+
 def full_env(additions: Mapping[str, str]) -> dict[str, str]:
     """``os.environ`` + ``additions`` (what the process gets)."""
     env = dict(os.environ)
@@ -221,13 +278,17 @@ def get_backend(kind: EngineKind | str) -> Backend:
     return mod.BACKEND  # type: ignore[no-any-return]
 
 
-def plan_node(node: NodeConfig) -> list[InstancePlan]:
-    """Every instance of every engine group of ``node``, in config order."""
+def plan_node(node: NodeConfig, cluster: ClusterConfig | None = None) -> list[InstancePlan]:
+    """Every instance of every engine group of ``node``, in config order.
+
+    ``cluster`` is the config ``node`` was loaded from: the vLLM-Ascend PD defaults take the
+    deployment mode and the PD peers' sizes from it (without it, such an engine needs its
+    ``kv_transfer_config`` to name them; see :mod:`motor.node_manager.engines.vllm`)."""
     plans: list[InstancePlan] = []
     for e in node.engines:
         backend = get_backend(e.kind)
         for i in range(e.count):
-            plans.append(backend.build(node, e, i))
+            plans.append(backend.build(node, e, i, cluster))
     return plans
 
 

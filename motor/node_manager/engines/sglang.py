@@ -12,8 +12,10 @@ argv of instance ``i``::
         [--disaggregation-bootstrap-port 8998+i]             (prefill; user value wins)
 
 Env: ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=true`` (``/health`` runs a 1-token
-generation, so a stuck engine is unhealthy) and ``ASCEND_RT_VISIBLE_DEVICES`` (a contiguous
-block of ``tp_size*dp_size`` devices), each unless the engine's ``env`` sets it.
+generation, so a stuck engine is unhealthy) and the node platform's device variable
+(``ASCEND_RT_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES``, none on ``cpu``) with the instance's
+``tp_size*dp_size`` devices of the group's (:func:`~motor.node_manager.engines.group_devices`),
+each unless the engine's ``env`` sets it.
 """
 from __future__ import annotations
 
@@ -21,12 +23,12 @@ import sys
 from typing import Any
 
 from motor.config.engine_flags import managed_flags
-from motor.config.schema import EngineConfig, NodeConfig, Role
-from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, endpoint,
-                                        engine_flags, instance_id, launcher, process_name)
+from motor.config.schema import ClusterConfig, EngineConfig, NodeConfig, Role
+from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, device_env,
+                                        endpoint, engine_flags, group_devices, instance_id,
+                                        launcher, process_name)
 from motor.node_manager.engines.vllm import kv_events_address, user_value
 from motor.protocol.instances import KvTransfer
-
 BOOTSTRAP_PORT_BASE = 8998
 
 
@@ -58,18 +60,19 @@ class SglangBackend:
             engine.engine_config, managed=managed, defaults=defaults,
             where=f"engines[{engine.name}].engine_config", reserved=managed_flags("sglang"))
 
-    def env(self, engine: EngineConfig, index: int, iid: str) -> dict[str, str]:
+    def env(self, node: NodeConfig, engine: EngineConfig, index: int, iid: str) -> dict[str, str]:
         env: dict[str, str] = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "true"}
-        if "ASCEND_RT_VISIBLE_DEVICES" not in engine.env:
-            n = engine.tp_size * engine.dp_size
-            env["ASCEND_RT_VISIBLE_DEVICES"] = ",".join(str(d) for d in range(index * n, index * n + n))
+        devs = group_devices(node, engine)
+        n = engine.devices_per_instance
+        env.update(device_env(node, engine, devs[index * n:(index + 1) * n] if devs else None))
         env.update(base_env(engine, iid, 0))
         return env
 
-    def build(self, node: NodeConfig, engine: EngineConfig, index: int) -> InstancePlan:
+    def build(self, node: NodeConfig, engine: EngineConfig, index: int,
+              cluster: ClusterConfig | None = None) -> InstancePlan:
         iid = instance_id(node.name, engine.name, index)
         proc = ProcessSpec(name=process_name(node.name, engine.name, index, 0, 1),
-                           argv=self.argv(engine, index), env=self.env(engine, index, iid),
+                           argv=self.argv(engine, index), env=self.env(node, engine, index, iid),
                            endpoint=endpoint(engine, index, 0), health_path=engine.health_path)
         return InstancePlan(id=iid, node=node.name, engine=engine, processes=[proc],
                             kv_events=kv_events_address(engine),

@@ -14,10 +14,9 @@ from __future__ import annotations
 import sys
 
 from motor.config.engine_flags import managed_flags
-from motor.config.schema import EngineConfig, NodeConfig
+from motor.config.schema import ClusterConfig, EngineConfig, NodeConfig
 from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, endpoint,
                                         engine_flags, instance_id, launcher, process_name)
-
 
 def default_launcher() -> list[str]:
     return [sys.executable, "-m", "motor", "sim"]
@@ -32,7 +31,8 @@ class SimBackend:
             engine.engine_config, managed=managed, negate_all=True,
             where=f"engines[{engine.name}].engine_config", reserved=managed_flags("sim"))
 
-    def build(self, node: NodeConfig, engine: EngineConfig, index: int) -> InstancePlan:
+    def build(self, node: NodeConfig, engine: EngineConfig, index: int,
+              cluster: ClusterConfig | None = None) -> InstancePlan:
         iid = instance_id(node.name, engine.name, index)
         procs = [ProcessSpec(name=process_name(node.name, engine.name, index, r, engine.dp_size),
                              argv=self.argv(engine, index, r), env=base_env(engine, iid, r),

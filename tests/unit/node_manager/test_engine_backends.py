@@ -11,11 +11,11 @@ from motor.errors import ConfigError
 from motor.node_manager.engines import plan_node
 
 
-def plans(**kw: Any) -> list[Any]:
+def plans(platform: str = "ascend", **kw: Any) -> list[Any]:
     base: dict[str, Any] = dict(name="e", model="/models/qwen", served_model_name="qwen",
                                 base_port=9000)
     base.update(kw)
-    return plan_node(NodeConfig(name="n", engines=[EngineConfig(**base)]))
+    return plan_node(NodeConfig(name="n", platform=platform, engines=[EngineConfig(**base)]))
 
 
 ACCESS_LOG = ["--disable-access-log-for-endpoints", "/health,/metrics"]
@@ -35,9 +35,12 @@ def test_vllm_union_golden() -> None:
 
 
 def test_vllm_prefill_golden_with_connector_from_config() -> None:
+    # platform cuda: the user's kv_transfer_config replaces motor's default whole (Ascend
+    # merges it key by key: tests/unit/node_manager/test_ascend_defaults.py)
     kv = {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer",
           "kv_connector_extra_config": {"use_ascend_direct": True}}
-    p = plans(kind="vllm", role="prefill", engine_config={"kv_transfer_config": kv})[0]
+    p = plans(platform="cuda", kind="vllm", role="prefill",
+              engine_config={"kv_transfer_config": kv})[0]
     assert p.processes[0].argv == [
         "vllm", "serve", "--host", "127.0.0.1", "--port", "9000", "--model", "/models/qwen",
         "--served-model-name", "qwen", "--tensor-parallel-size", "1",
@@ -48,7 +51,8 @@ def test_vllm_prefill_golden_with_connector_from_config() -> None:
 
 
 def test_vllm_decode_golden_default_connector_and_dp() -> None:
-    p = plans(kind="vllm", role="decode", dp_size=2,
+    # platform cuda: vLLM's NixlConnector default, CUDA_VISIBLE_DEVICES
+    p = plans(platform="cuda", kind="vllm", role="decode", dp_size=2,
               launcher=[sys.executable, "-m", "vllm.entrypoints.openai.api_server"],
               engine_config={"kv-events-config": {"enable_kv_cache_events": True,
                                                   "publisher": "zmq",
@@ -65,7 +69,8 @@ def test_vllm_decode_golden_default_connector_and_dp() -> None:
         "--kv-transfer-config",
         '{"kv_connector":"NixlConnector","kv_role":"kv_both","engine_id":"n/e/0"}',
         *ACCESS_LOG]
-    assert r1.name == "n-e-0-dp1" and r1.env["ASCEND_RT_VISIBLE_DEVICES"] == "1"
+    assert r1.name == "n-e-0-dp1" and r1.env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "ASCEND_RT_VISIBLE_DEVICES" not in r1.env
     assert p.kv_events == "tcp://127.0.0.1:5557"
     assert [e.port for e in p.spec().endpoints] == [9000, 9001]
 

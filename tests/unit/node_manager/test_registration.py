@@ -9,13 +9,15 @@ from motor.node_manager.engines import plan_node
 from motor.protocol.instances import Heartbeat, InstanceSpec, NodeRegistration
 
 
-def node(**engine: object) -> NodeConfig:
+def node(platform: str = "ascend", **engine: object) -> NodeConfig:
     e = {"name": "e", "model": "/models/m", "served_model_name": "m", "base_port": 9000, **engine}
-    return NodeConfig(name="n0", host="10.0.0.5", engines=[e])
+    return NodeConfig(name="n0", host="10.0.0.5", platform=platform, engines=[e])
 
 
 def test_vllm_decode_registration_payload() -> None:
-    (plan,) = plan_node(node(kind="vllm", role="decode", dp_size=2, tp_size=4, host="10.0.0.5",
+    # platform cuda: NixlConnector default (Ascend: tests/unit/node_manager/test_ascend_defaults.py)
+    (plan,) = plan_node(node(platform="cuda", kind="vllm", role="decode", dp_size=2, tp_size=4,
+                             host="10.0.0.5",
                              engine_config={"kv_events_config": {
                                  "enable_kv_cache_events": True, "publisher": "zmq",
                                  "endpoint": "tcp://*:5557"}}))
