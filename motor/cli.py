@@ -3,7 +3,7 @@
 Each sub-command lives in its component package as ``<package>/cli.py`` (``motor.up``,
 ``motor.demo``) with two functions, ``add_arguments(parser)`` and ``main(args) -> int``
 (exit status). Components are imported lazily so ``motor --help`` stays fast: this module
-imports nothing of motor but :mod:`motor.errors` at module level.
+imports nothing of motor but :mod:`motor.errors` and :mod:`motor.hosts` at module level.
 
 Conventions every sub-command follows (``tests/unit/test_cli_conventions.py`` checks them):
 
@@ -24,7 +24,8 @@ Conventions every sub-command follows (``tests/unit/test_cli_conventions.py`` ch
   :class:`HelpFormatter` adds it for every option whose argparse default is a value; an
   option whose default is not a value (taken from the config, computed) writes it by hand in
   the same form, ``(default: coordinator.port of the config)``. No help text says ``None``.
-* ``--log-level`` is global: ``motor --log-level debug <command> ...``.
+* ``--log-level`` and ``--log-format`` are global: ``motor --log-level debug --log-format
+  json <command> ...``.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from motor.errors import ConfigError
+from motor.hosts import is_host
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -53,6 +55,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node-manager": ("motor.node_manager.cli", "run one node's manager: launch, supervise, health-check and register engines"),
     "sim": ("motor.sim.cli", "run a simulated engine speaking vLLM's OpenAI-compatible HTTP API"),
     "bench": ("motor.bench.cli", "load generator for OpenAI-compatible endpoints (TTFT/TPOT/ITL/E2EL table)"),
+    "bench-plot": ("motor.bench.plot_cli", "PNG plots of 'motor bench --json' result files: one run's, or a comparison of several"),
 }
 
 
@@ -93,21 +96,6 @@ non_negative_float = bounded(float, lambda f: f >= 0, "a number >= 0")
 #: argparse type: a probability 0..1
 probability = bounded(float, lambda f: 0 <= f <= 1, "a number in [0, 1]")
 
-_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
-
-
-def is_host(text: str) -> bool:
-    """An IP address (v4 or v6, without brackets) or an RFC 1123 host name."""
-    import ipaddress
-    try:
-        ipaddress.ip_address(text)
-        return True
-    except ValueError:
-        pass
-    name = text[:-1] if text.endswith(".") else text
-    if not name or len(name) > 253 or re.fullmatch(r"[0-9.]+", name):
-        return False  # all digits: a mistyped IPv4 address, not a name
-    return all(_LABEL.match(label) for label in name.split("."))
 
 
 def host_name(text: str) -> str:
@@ -193,6 +181,25 @@ def log_directory(text: str) -> str:
     else:
         return text
     raise argparse.ArgumentTypeError(f"expected a directory, got {text!r} ({why})")
+
+
+def output_directory(text: str) -> str:
+    """argparse type: a directory to write files into at the end of a run, checked before it
+    starts (not created): a writable directory, or one that can be created (its nearest
+    existing ancestor is a writable directory)."""
+    path = os.path.abspath(text)
+    at = path
+    while not os.path.exists(at):
+        at = os.path.dirname(at)
+    if not text:
+        why = "empty"
+    elif not os.path.isdir(at):
+        why = "a file" if at == path else f"{at} is a file"
+    elif not os.access(at, os.W_OK | os.X_OK):
+        why = "not writable" if at == path else f"cannot create it in {at}: not writable"
+    else:
+        return text
+    raise argparse.ArgumentTypeError(f"expected a directory to write, got {text!r} ({why})")
 
 
 # ---------------------------------------------------------------- shared options
@@ -450,6 +457,10 @@ def build_parser(command: str | None = None) -> Parser:
     parser.add_argument("--log-level", default="info", metavar="LEVEL",
                         choices=["debug", "info", "warning", "error"],
                         help="log level of this process: debug, info, warning or error")
+    parser.add_argument("--log-format", default=None, metavar="FORMAT", choices=["text", "json"],
+                        help="log line format of this process and the ones it starts: text "
+                             "or json, one JSON object a line (default: MOTOR_LOG_FORMAT, "
+                             "else text)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
@@ -468,11 +479,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(command)
     args, extra = parser.parse_known_args(argv)
     if extra:  # worded by the sub-command's parser: "motor sim: error: unrecognized ..."
-        hint = (f" (--log-level is global: motor --log-level LEVEL {args.command} ...)"
-                if "--log-level" in extra else "")
+        hint = next((f" ({o} is global: motor {o} {o[6:].upper()} {args.command} ...)"
+                     for o in ("--log-level", "--log-format") if o in extra), "")
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     from motor.logs import setup_logging
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     mod = importlib.import_module(args._module)
     try:
         return int(mod.main(args) or 0)

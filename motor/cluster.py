@@ -440,6 +440,13 @@ class Cluster:
             self._check_engines()
             if done():
                 return True
+            for url, why in list(self._probe_errors.items()):
+                if why.startswith(_CERT_FAILED):
+                    raise StartError(
+                        f"GET {url}: {why}; a certificate that does not verify will not start "
+                        f"to: check the names (the host of the URL) and the dates of "
+                        f"{'coordinator.tls' if url.startswith(self.url) else 'controller.tls'}"
+                        f".cert_file and the CA it is checked against")
             if time.monotonic() >= deadline:
                 msg = timeout_message()
                 for c in tails():
@@ -620,7 +627,7 @@ def engine_tail(path: str, n: int = TAIL_LINES) -> list[str]:
     lines = tail_lines(path, n)
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith(_ENGINE_RUN_HEADER):
-            return lines[i + 1:]
+            return [ln for ln in lines[i + 1:] if not ln.startswith("==== env: ")]
     return lines
 
 
@@ -648,6 +655,10 @@ def _connect_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+#: how a probe's failed certificate check starts (no retry fixes it)
+_CERT_FAILED = "certificate verification failed"
+
+
 def _get_json(url: str, timeout_s: float = 1.0, any_status: bool = False,
               context: ssl.SSLContext | None = None, errors: dict[str, str] | None = None,
               ) -> Any:
@@ -669,7 +680,10 @@ def _get_json(url: str, timeout_s: float = 1.0, any_status: bool = False,
             except (ValueError, OSError):
                 pass
     except urllib.error.URLError as e:
-        why = str(e.reason)
+        if isinstance(e.reason, ssl.SSLCertVerificationError):
+            why = f"{_CERT_FAILED}: {e.reason.verify_message or e.reason}"
+        else:
+            why = str(e.reason)
     except (OSError, ValueError) as e:
         why = f"{type(e).__name__}: {e}"
     if errors is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 from motor.bench.config import (CONVERSATION_SAMPLING, DATASETS, DEFAULT_CONCURRENCY,
                                 DEFAULT_NUM_REQUESTS, BenchConfig, BenchError)
 from motor.cli import (HelpFormatter, Parser, base_url, bounded, fail, non_negative_int,
-                       output_file, positive_float, positive_int)
+                       output_directory, output_file, positive_float, positive_int)
 
 
 def _json_object(text: str) -> dict:
@@ -41,6 +42,16 @@ def _api_path(text: str) -> str:
 
 
 _ratio = bounded(float, lambda f: 0 <= f < 1, "a number in [0, 1)")
+
+
+def _plot_directory(text: str) -> str:
+    """argparse type of ``--plot``: a directory to write (:func:`motor.cli.output_directory`),
+    and matplotlib installed (looked up, not imported)."""
+    path = output_directory(text)
+    from motor.bench.plots import MISSING, have_matplotlib
+    if not have_matplotlib():
+        raise argparse.ArgumentTypeError(MISSING)
+    return path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,9 +138,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="tqdm progress bar on stderr (default: on when stderr is a terminal)")
     o.add_argument("--json", dest="json_path", type=output_file, default=None, metavar="PATH",
-                   help="also write the config, summary and per-metric statistics as JSON to "
-                        "PATH ('-' = stdout; the table then goes to stderr); checked before the "
-                        "run")
+                   help="also write the config, summary, per-metric statistics and one "
+                        "record per request as JSON to PATH ('-' = stdout; the table then goes "
+                        "to stderr); checked before the run")
+    o.add_argument("--plot", type=_plot_directory, default=None, metavar="DIR",
+                   help="also write PNG plots into DIR (created if needed; checked before the "
+                        "run): ttft.png, itl.png, e2el.png (histogram + CDF), throughput.png "
+                        "(requests/s and output tokens/s in 1 s bins); drawn from the --json "
+                        "document; needs matplotlib (pip install 'motor[plot]')")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -175,6 +191,14 @@ def main(args: argparse.Namespace) -> int:
             write_json(result, args.json_path)
         except OSError as e:  # checked before the run; still possible (the disk filled up)
             return fail("bench", f"cannot write {args.json_path}: {e.strerror or e}", 1)
+    if getattr(args, "plot", None):
+        from motor.bench.plots import write_run_plots
+        try:
+            paths = write_run_plots(result.to_dict(), args.plot)
+        except OSError as e:  # checked before the run; still possible
+            return fail("bench", f"cannot write the plots to {args.plot}: {e.strerror or e}", 1)
+        print(f"Plots written to {args.plot}: "
+              + " ".join(os.path.basename(p) for p in paths), file=table_out, flush=True)
     return result.exit_status
 
 

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import orjson
 
 from motor.bench.results import METRICS, BenchResult, MetricStats
+
+if TYPE_CHECKING:
+    from motor.bench.config import BenchConfig
 
 COLUMNS = ("Average", "Min", "Max", "Median", "P75", "P90", "P99", "N")
 
@@ -57,19 +60,23 @@ def format_summary(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
-def format_table(result: BenchResult) -> str:
-    """The full text report: a header line, the metrics table and the summary."""
-    c = result.config
+def describe_run(c: BenchConfig, model: str) -> str:
+    """One line naming the run: target, model, dataset, load, streaming."""
     conc = c.effective_concurrency()
     load = (f"rate {c.request_rate:g} req/s" if c.request_rate else "closed loop") + \
         (f", concurrency {conc}" if conc else ", no concurrency cap")
-    head = (f"motor bench: {c.target_url}  model={result.model}  dataset={c.dataset}  "
+    return (f"{c.target_url}  model={model}  dataset={c.dataset}  "
             f"{load}  {'stream' if c.stream else 'no-stream'}")
+
+
+def format_table(result: BenchResult) -> str:
+    """The full text report: a header line, the metrics table and the summary."""
+    head = "motor bench: " + describe_run(result.config, result.model)
     return "\n".join([head, "", format_metrics_table(result.metrics), "", format_summary(result)])
 
 
 def to_json(result: BenchResult) -> bytes:
-    """The result as indented JSON (config, summary, metrics)."""
+    """The result as indented JSON (config, summary, metrics, requests)."""
     return orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
 
 

@@ -71,6 +71,26 @@ class RequestResult:
             return None
         return self.output_tokens / self.e2el
 
+    @property
+    def end(self) -> float:
+        """When the answer ended (or the request failed), seconds after the run's start."""
+        return self.start + self.e2el
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON record of this request: times rounded to the microsecond, ``start_s`` /
+        ``end_s`` in seconds after the run's start (send and end of the answer), the
+        latencies in ms (``ttft_ms`` null when not measured, ``itl_ms`` the gaps)."""
+        return {
+            "conversation": self.conversation, "turn": self.turn, "ok": self.ok,
+            "start_s": round(self.start, 6), "end_s": round(self.end, 6),
+            "e2el_ms": round(self.e2el * 1000.0, 3),
+            "ttft_ms": None if self.ttft is None else round(self.ttft * 1000.0, 3),
+            "itl_ms": [round(g * 1000.0, 3) for g in self.itl],
+            "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens, "usage_reported": self.usage_reported,
+            "status": self.status, "reason": self.reason, "error": self.error,
+        }
+
 
 @dataclass(frozen=True)
 class MetricStats:
@@ -195,9 +215,11 @@ class BenchResult:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: config, summary and per-metric statistics."""
+        """JSON-ready: config, summary, per-metric statistics and one record per request
+        (:meth:`RequestResult.to_dict`, in the order the requests ended)."""
         return {
             "config": self.config.to_dict(),
             "summary": self.summary(),
             "metrics": {name: s.to_dict() for name, s in self.metrics.items()},
+            "requests": [r.to_dict() for r in self.requests],
         }

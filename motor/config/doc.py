@@ -32,6 +32,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("coordinator.limits", schema.LimitsConfig),
     ("coordinator.limits.default, coordinator.limits.keys.<name>", schema.KeyLimitConfig),
     ("coordinator.admission", schema.AdmissionConfig),
+    ("coordinator.tracing", schema.TracingConfig),
     ("nodes[]", schema.NodeConfig),
     ("nodes[].npu", schema.NpuConfig),
     ("nodes[].engines[]", schema.EngineConfig),

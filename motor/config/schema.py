@@ -8,8 +8,6 @@ typo never silently falls back to a default; engine-specific options go in
 """
 from __future__ import annotations
 
-import ipaddress
-import re
 from collections.abc import Collection, Iterator
 from enum import Enum
 from typing import Annotated, Any
@@ -17,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag,
                       field_validator, model_validator)
 
+from motor.hosts import is_host
 from motor.config.engine_flags import MANAGED_FLAGS, flag_key, managed_flags
 
 
@@ -24,29 +23,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-#: one DNS label (RFC 1123): letters, digits, inner hyphens, 1..63 characters
-_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
-
-
 def valid_host(value: str) -> str:
-    """A host field's value checked: an IPv4 / IPv6 address (``0.0.0.0`` and ``::`` = every
-    interface) or a DNS host name of RFC 1123 labels (``localhost``, ``node-1.example.com``,
-    a trailing dot allowed); at most 253 characters.
+    """A host field's value checked (:func:`motor.hosts.is_host`): an IPv4 / IPv6 address
+    (``0.0.0.0`` and ``::`` = every interface) or a DNS host name of RFC 1123 labels
+    (``localhost``, ``node-1.example.com``, a trailing dot allowed); at most 253 characters.
 
     Raises
     ------
     ValueError
         ``expected an IP address or a DNS host name ..., got 'not a host!!'``.
     """
-    try:
-        ipaddress.ip_address(value)
-        return value
-    except ValueError:
-        pass
-    name = value[:-1] if value.endswith(".") else value
-    labels = name.split(".")
-    if 0 < len(name) <= 253 and all(_LABEL.fullmatch(x) for x in labels) \
-            and not all(x.isdigit() for x in labels):   # 300.1.1.1 is no IPv4 address
+    if is_host(value):
         return value
     hint = " (without brackets)" if value.startswith("[") else ""
     raise ValueError(f"expected an IPv4 / IPv6 address{hint} or a DNS host name (RFC 1123: "
@@ -388,6 +375,27 @@ class AdmissionConfig(_Strict):
                                              "name, RFC 9110 token)")
 
 
+class TracingConfig(_Strict):
+    """OpenTelemetry traces of the coordinator's requests (docs/observability.md): one span per
+    request with child spans for tokenization, the routing decision and each upstream leg,
+    exported over OTLP/HTTP by a batch span processor. Needs the ``tracing`` extra
+    (``pip install motor[tracing]``: ``opentelemetry-sdk``,
+    ``opentelemetry-exporter-otlp-proto-http``)."""
+    enabled: bool = Field(False, description="make and export spans; off = no per-request work")
+    endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces",
+        description="OTLP/HTTP traces URL of the collector (protobuf POSTs)")
+    sample_ratio: float = Field(
+        1.0, ge=0, le=1,
+        description="share of the requests without a valid client `traceparent` that are "
+                    "traced; a client's `traceparent` decides by its sampled flag (parent-based)")
+    service_name: str = Field("motor-coordinator", min_length=1,
+                              description="`service.name` of the spans' resource")
+    headers: dict[str, str] = Field(
+        default_factory=dict, repr=False,
+        description="HTTP headers sent with every export (a collector's auth token)")
+
+
 class CoordinatorConfig(_Strict):
     """The gateway."""
     host: Host = Field("127.0.0.1", description="listen address: an IP address or a DNS host name")
@@ -457,6 +465,11 @@ class CoordinatorConfig(_Strict):
         description="key motor sends to the engines as `Authorization: Bearer <key>` (env var "
                     "`MOTOR_WORKER_API_KEY` when null), replacing the client's header; null "
                     "with no `api_keys` = the client's `Authorization` is forwarded as sent")
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    access_log: bool = Field(
+        False, description="one structured log line per inference request at INFO (logger "
+                           "`motor.access`: request id, key name, route, model, endpoint, "
+                           "status, TTFT, E2E, tokens)")
 
 
 class RestartConfig(_Strict):

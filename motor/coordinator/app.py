@@ -144,6 +144,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     await stop.wait()
     logger.info("coordinator stopping: draining %d in-flight request(s)", server.inflight)
     await server.shutdown(drain_timeout_s=c.drain_timeout_s)
+    coord.close()       # after the drain: the last requests' spans are flushed
     await cancel_and_wait(*tasks)
     if source is not None:
         source.close()

@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=positive_int, metavar="N",
                    help="ingress worker processes on the same port (SO_REUSEPORT) "
                         "(default: coordinator.workers of the config)")
+    p.add_argument("--access-log", action="store_const", const=True, default=None,
+                   help="one structured log line per inference request at info level, on the "
+                        "logger motor.access (default: coordinator.access_log of the config)")
 
 
 def _backend_arg(spec: str) -> str:
@@ -107,6 +110,7 @@ def main(args: argparse.Namespace) -> int:
             "coordinator.policy": ("--policy", args.policy),
             "coordinator.mode": ("--mode", args.mode),
             "coordinator.workers": ("--workers", args.workers),
+            "coordinator.access_log": ("--access-log", args.access_log),
             "coordinator.kv.events.backends": (
                 "--kv-events",
                 {**cfg.coordinator.kv.events.backends, **kv_events} if kv_events else None)})

@@ -36,6 +36,7 @@ from motor.config.schema import CoordinatorConfig
 from motor.coordinator import metrics
 from motor.coordinator.admission import Admission, Refused
 from motor.coordinator.keys import KeyStore
+from motor.coordinator.observe import CURRENT
 from motor.coordinator.ratelimit import Limit, RateLimiter
 from motor.coordinator.ratetable import RateTable, SharedRateLimiter
 from motor.http.server import Request, Response
@@ -126,14 +127,18 @@ def _rate_limited_body(name: str, kind: str, wait_s: float) -> bytes:
 
 
 class _UsageTap:
-    """Remembers the last ``usage.total_tokens`` seen in the bytes sent to the client."""
+    """Remembers the last ``usage.total_tokens`` seen in the bytes sent to the client
+    (``then``: a tap set before, the access log's, still called)."""
 
-    __slots__ = ("total",)
+    __slots__ = ("total", "then")
 
-    def __init__(self) -> None:
+    def __init__(self, then: Callable[[bytes], None] | None = None) -> None:
         self.total: int | None = None
+        self.then = then
 
     def __call__(self, data: bytes) -> None:
+        if self.then is not None:
+            self.then(data)
         if b'"total_tokens"' in data:
             for m in _TOTAL_TOKENS.finditer(data):
                 self.total = int(m.group(1))
@@ -195,6 +200,8 @@ class Edge:
         self._classes = list(a.classes)
         self._key_class = {n: k.priority for n, k in lim.keys.items() if k.priority}
         self._default_class = lim.default.priority
+        #: whether requests are observed (motor.coordinator.observe): set by the worker
+        self.observed = False
 
     @property
     def active(self) -> bool:
@@ -227,7 +234,8 @@ class Edge:
                       ) -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]] | None:
         """The answer the headers alone decide, for ``Expect: 100-continue`` (sent instead of
         the 100, so a refused client does not upload its body): 401 for a missing or unknown
-        key (a key that may match a hashed entry not verified yet passes), 429 for a key
+        key (a key never checked against the hashed entries passes: that takes a derivation
+        off the loop, after the body), 429 for a key
         whose request bucket is empty. ``None``: let the body come."""
         ks = self.keys
         name = ANONYMOUS
@@ -237,8 +245,8 @@ class Edge:
             key = key.strip()
             found = ks.lookup(key) if scheme.lower() == b"bearer" and key else None
             if found is None:
-                if key and ks.has_hashed:
-                    return None
+                if key and ks.has_hashed and not ks.known_bad(key):
+                    return None   # may match a hashed entry: verified off the loop later
                 metrics.EDGE_REQUESTS.labels(ANONYMOUS, "unauthorized").inc()
                 return 401, _unauthorized_body(bool(auth)), _WWW_AUTH
             name = found
@@ -258,6 +266,10 @@ class Edge:
         name = await self.authenticate(req, resp, route)
         if name is None:
             return
+        if self.observed:       # tracing or the access log: the key's name (never the key)
+            obs = CURRENT.get()
+            if obs is not None:
+                obs.key = name
         tokens = 0
         limiter = self.limiter
         if limiter is not None:
@@ -286,7 +298,7 @@ class Edge:
         tap = None
         if limiter is not None and (name in self._tpm_keys or (
                 "*" in self._tpm_keys and name not in limiter.limits)):
-            tap = resp.tap = _UsageTap()
+            tap = resp.tap = _UsageTap(resp.tap)
         try:
             metrics.EDGE_REQUESTS.labels(name, "admitted").inc()
             await handle(route, req, resp)

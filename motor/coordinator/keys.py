@@ -264,6 +264,10 @@ class KeyStore:
         ``None`` = unknown so far (try :meth:`verify` when :attr:`has_hashed`)."""
         return self._known.get(hashlib.sha256(key).digest())
 
+    def known_bad(self, key: bytes) -> bool:
+        """Whether ``key`` was checked against the hashed entries before and matched none."""
+        return hashlib.sha256(key).digest() in self._failed
+
     @property
     def has_hashed(self) -> bool:
         return bool(self._hashed)

@@ -49,12 +49,13 @@ models a torn engine-figure read is bounded to one scrape's worth of staleness.
 from __future__ import annotations
 
 import mmap
-import os
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from motor.coordinator.shm import attach_segment, create_segment, segment_path, unlink_segment
 
 MAGIC = 0x6D6F746F726C6474  # "motorldt"
 LAYOUT_VERSION = 1
@@ -113,9 +114,7 @@ class LoadTable:
     # -- lifecycle ------------------------------------------------------------------
     @staticmethod
     def _path(name: str) -> str:
-        if not name or "/" in name:
-            raise ValueError(f"load table name is expected without '/', got {name!r}")
-        return f"/dev/shm/{name}"
+        return segment_path(name, "load table")
 
     @classmethod
     def create(cls, name: str, n_workers: int, n_slots: int = 256) -> LoadTable:
@@ -131,15 +130,7 @@ class LoadTable:
                              f"{n_workers}, {n_slots}")
         path = cls._path(name)
         size = _size(n_workers, n_slots)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            mm = mmap.mmap(fd, size)
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
+        mm = create_segment(path, size)
         hdr = np.frombuffer(mm, np.uint64, HEADER_WORDS, 0)
         hdr[1], hdr[2], hdr[3] = n_workers, n_slots, LAYOUT_VERSION
         hdr[0] = MAGIC
@@ -158,12 +149,7 @@ class LoadTable:
         ValueError
             when it is not a load table.
         """
-        fd = os.open(cls._path(name), os.O_RDWR)
-        try:
-            mm = mmap.mmap(fd, 0)
-        finally:
-            os.close(fd)
-        return cls(name, mm, False)
+        return cls(name, attach_segment(cls._path(name)), False)
 
     def close(self) -> None:
         """Unmap (the arrays of this object are unusable afterwards)."""
@@ -179,10 +165,7 @@ class LoadTable:
             pass
 
     def unlink(self) -> None:
-        try:
-            os.unlink(self._path(self.name))
-        except FileNotFoundError:
-            pass
+        unlink_segment(self._path(self.name))
 
     # -- slots (feed) ---------------------------------------------------------------
     def slot_gen(self, slot: int) -> int:

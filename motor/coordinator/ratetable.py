@@ -85,12 +85,13 @@ from __future__ import annotations
 import hashlib
 import math
 import mmap
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
 import numpy as np
+
+from motor.coordinator.shm import attach_segment, create_segment, segment_path, unlink_segment
 
 from motor.coordinator.ratelimit import Headers, Limit, RateLimiter, duration
 
@@ -155,9 +156,7 @@ class RateTable:
     # -- lifecycle ----------------------------------------------------------------------
     @staticmethod
     def _path(name: str) -> str:
-        if not name or "/" in name:
-            raise ValueError(f"rate table name is expected without '/', got {name!r}")
-        return f"/dev/shm/{name}"
+        return segment_path(name, "rate table")
 
     @classmethod
     def create(cls, name: str, n_workers: int, n_reserved: int = 0,
@@ -175,15 +174,7 @@ class RateTable:
         path = cls._path(name)
         n_slots = n_reserved + n_hashed
         size = _size(n_workers, n_slots, N_BUCKETS)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            mm = mmap.mmap(fd, size)
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
+        mm = create_segment(path, size)
         hdr = np.frombuffer(mm, np.uint64, HEADER_WORDS, 0)
         hdr[1:7] = (n_workers, n_slots, N_BUCKETS, LAYOUT_VERSION, round(BUCKET_S * 1e6),
                     n_reserved)
@@ -202,12 +193,7 @@ class RateTable:
         ValueError
             when it is not a rate table.
         """
-        fd = os.open(cls._path(name), os.O_RDWR)
-        try:
-            mm = mmap.mmap(fd, 0)
-        finally:
-            os.close(fd)
-        return cls(name, mm, False)
+        return cls(name, attach_segment(cls._path(name)), False)
 
     def close(self) -> None:
         """Unmap (the arrays of this object are unusable afterwards)."""
@@ -223,10 +209,7 @@ class RateTable:
             pass
 
     def unlink(self) -> None:
-        try:
-            os.unlink(self._path(self.name))
-        except FileNotFoundError:
-            pass
+        unlink_segment(self._path(self.name))
 
     def reset_row(self, worker: int) -> None:
         """Forget everything worker ``worker`` admitted (it died; call before its successor

@@ -35,10 +35,11 @@ from motor.coordinator import probes
 from motor.coordinator.edge import Edge
 from motor.coordinator.endpoints import EndpointTable
 from motor.coordinator.metrics import render_metrics
+from motor.coordinator.observe import Observer, observer
 from motor.coordinator.policy import Policy
 from motor.coordinator.ratetable import RateTable
 from motor.coordinator.routing import UnionPath, make_path
-from motor.coordinator.routing.base import RequestPath, Route, Settings
+from motor.coordinator.routing.base import ObservedRoute, RequestPath, Route, Settings
 from motor.coordinator.routing.passthrough import ROUTES, PassthroughPath
 from motor.http.server import Request, Response, Router, origin_form
 from motor.protocol.openai import error_body
@@ -65,15 +66,19 @@ class Coordinator:
         self.edge = Edge(cfg, self.settings.env_keys, share=1.0 / cfg.workers,
                          rate_table=rate_table, worker=worker_index)
         self._inference_paths: set[str] = set()
+        #: tracing and the access log (motor.coordinator.observe); None: both off
+        self.observer: Observer | None = observer(cfg)
+        self.edge.observed = self.observer is not None
+        R = ObservedRoute if self.observer is not None else Route
         table.configure_breakers(cfg.breaker)
         self.ready_source: asyncio.Event | None = None
         #: the union path (also the PD modes' fallback and the passed-through routes' path)
         self.union = UnionPath(self.settings, table, policy)
         self.path: RequestPath = make_path(cfg, self.settings, table, policy, self.union)
-        chat = Route("chat", b"/v1/chat/completions")
-        cmpl = Route("completions", b"/v1/completions")
-        embed = Route("embeddings", b"/v1/embeddings")
-        generate = Route("generate", b"/generate")
+        chat = R("chat", b"/v1/chat/completions")
+        cmpl = R("completions", b"/v1/completions")
+        embed = R("embeddings", b"/v1/embeddings")
+        generate = R("generate", b"/generate")
         r = self.router = Router()
         r.post("/v1/chat/completions")(self._inference(chat, self.path))
         r.post("/v1/completions")(self._inference(cmpl, self.path))
@@ -84,7 +89,7 @@ class Coordinator:
         r.post("/generate")(self._inference(
             generate, self.path if cfg.mode == DeploymentMode.PD_BOOTSTRAP else self.passthrough))
         for name, route_path in ROUTES:
-            r.post(route_path)(self._inference(Route(name, route_path.encode()),
+            r.post(route_path)(self._inference(R(name, route_path.encode()),
                                                self.passthrough))
         r.get("/v1/models")(self._on_models)
         r.add_prefix("GET", "/v1/models/", self._on_model)
@@ -115,8 +120,17 @@ class Coordinator:
         otherwise no wrapper coroutine is added."""
         self._inference_paths.add(route.path.decode())
         if not self.edge.active:
-            return functools.partial(path.handle, route)
-        return functools.partial(self.edge.run, route, handle=path.handle)
+            inner: Handler = functools.partial(path.handle, route)
+        else:
+            inner = functools.partial(self.edge.run, route, handle=path.handle)
+        if self.observer is None:
+            return inner
+        return functools.partial(self.observer.serve, route, inner)
+
+    def close(self) -> None:
+        """The worker stops: spans still queued are exported (tracing)."""
+        if self.observer is not None:
+            self.observer.close()
 
     # -- management ---------------------------------------------------------------------
     def routable_count(self) -> int:

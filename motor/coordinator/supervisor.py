@@ -119,8 +119,18 @@ def run_workers(cfg: ClusterConfig, backends: list[str] | None, controller_url: 
         nonlocal stopping
         stopping = True
 
+    def on_hup(signum: int, frame: object) -> None:
+        # re-read the TLS certificate and the key source now: the workers do it
+        for i, p in list(procs.items()):
+            if i >= 0 and p.pid is not None and p.is_alive():   # the feed serves no TLS
+                try:
+                    os.kill(p.pid, signal.SIGHUP)
+                except ProcessLookupError:
+                    pass
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hup)
     try:
         start(-1)
         for i in range(n):

@@ -492,23 +492,23 @@ class Client:
 
     async def get_json_bytes(self, host: str, port: int, path: str, timeout_s: float) -> tuple[int, bytes]:
         """GET a small document; returns (status, body). For health checks and control traffic."""
-        async def go() -> tuple[int, bytes]:
+        # asyncio.timeout, not wait_for: no inner task whose exception could go unretrieved
+        # when the caller is cancelled as the request fails
+        async with asyncio.timeout(timeout_s):
             resp = await self.pool(host, port).request(b"GET", path.encode(),
                                                        first_byte_timeout_s=timeout_s,
                                                        idle_timeout_s=timeout_s)
             async with resp:
                 return resp.status, await resp.read()
-        return await asyncio.wait_for(go(), timeout_s)
 
     async def post_json_bytes(self, host: str, port: int, path: str, body: bytes,
                               timeout_s: float) -> tuple[int, bytes]:
-        async def go() -> tuple[int, bytes]:
+        async with asyncio.timeout(timeout_s):
             resp = await self.pool(host, port).request(
                 b"POST", path.encode(), body, ((b"content-type", b"application/json"),),
                 first_byte_timeout_s=timeout_s, idle_timeout_s=timeout_s)
             async with resp:
                 return resp.status, await resp.read()
-        return await asyncio.wait_for(go(), timeout_s)
 
     def close(self) -> None:
         for p in self._pools.values():

@@ -35,6 +35,23 @@ def _read_password(path: str | None, field: str) -> Callable[[], bytes] | None:
     return lambda: pw
 
 
+def _key_is_encrypted(path: str) -> bool:
+    """Whether a PEM private key file is encrypted (PKCS#8 ``ENCRYPTED PRIVATE KEY`` or the
+    traditional ``Proc-Type: 4,ENCRYPTED`` header)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64 * 1024)
+    except OSError:
+        return False
+    return b"ENCRYPTED PRIVATE KEY" in head or b"Proc-Type: 4,ENCRYPTED" in head
+
+
+def _no_password() -> bytes:
+    """The password callback without ``key_password_file``: never a terminal prompt (OpenSSL
+    asks on the TTY when no callback is given)."""
+    return b""
+
+
 def _load_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str | None,
                 password_file: str | None, field: str) -> None:
     pw = _read_password(password_file, f"{field}.key_password_file")
@@ -42,15 +59,23 @@ def _load_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str | None,
         if path and not os.path.isfile(path):
             raise ConfigError(f"{field}.{name}: expected a readable PEM file, got {path!r} "
                               f"(no such file)")
+    key_path = key_file or cert_file
+    encrypted = _key_is_encrypted(key_path)
+    if encrypted and pw is None:
+        raise ConfigError(f"{field}.key_password_file: expected the password file of the "
+                          f"encrypted key {key_path!r}, got none")
     try:
-        ctx.load_cert_chain(cert_file, key_file or None, password=pw)
-    except ssl.SSLError as e:
-        raise ConfigError(f"{field}: the certificate {cert_file!r} and key "
-                          f"{key_file or cert_file!r} do not load ({e.reason or e}); expected a "
-                          f"PEM chain and its matching private key") from None
-    except OSError as e:
-        raise ConfigError(f"{field}: cannot read {cert_file!r} / {key_file!r}: "
-                          f"{e.strerror}") from None
+        ctx.load_cert_chain(cert_file, key_file or None, password=pw or _no_password)
+    except (ssl.SSLError, OSError) as e:
+        if encrypted:
+            raise ConfigError(f"{field}.key_password_file: expected the password of the "
+                              f"encrypted key {key_path!r}, got one that does not decrypt it "
+                              f"(from {password_file!r})") from None
+        reason = e.reason if isinstance(e, ssl.SSLError) and e.reason else \
+            (e.strerror or str(e))
+        raise ConfigError(f"{field}: the certificate {cert_file!r} and key {key_path!r} do not "
+                          f"load ({reason}); expected a PEM chain and its matching private "
+                          f"key") from None
 
 
 def _load_ca(ctx: ssl.SSLContext, ca_file: str, field: str) -> None:
@@ -149,6 +174,14 @@ class CertReloader:
             return False
         self._stamp = stamp
         try:
+            # first into a scratch context: a pair that does not load (a half-copied
+            # rotation, a mismatched key) must not reach the live one, whose certificate
+            # would then no longer match its key
+            scratch = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            _load_chain(scratch, self.cert_file, self.key_file, self.key_password_file,
+                        self.field)
+            if self.client_ca_file:
+                _load_ca(scratch, self.client_ca_file, f"{self.field}.client_ca_file")
             _load_chain(self.ctx, self.cert_file, self.key_file, self.key_password_file,
                         self.field)
             if self.client_ca_file:

@@ -360,8 +360,10 @@ class EngineProcess:
         rotate_log(self.log_path, self.log_max_bytes)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
+            shown = _shown_env(self.spec.env)
             header = (f"\n==== motor: starting {self.name} at "
-                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(self.spec.argv)}\n")
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(self.spec.argv)}\n"
+                      + (f"==== env: {shown}\n" if shown else ""))
             os.write(fd, header.encode())
             self._log_offset = os.lseek(fd, 0, os.SEEK_CUR)
             kwargs: dict[str, object] = {}
@@ -541,3 +543,16 @@ class EngineProcess:
         if self._stop.is_set():
             logger.info("engine %s stopped (status %s)", self.name, rc)
         return why, rc, probe.ever_healthy
+
+
+#: env variables of an engine shown in its log header (devices, HCCL, threads, engine knobs)
+_SHOWN_ENV_PREFIXES = ("ASCEND_", "CUDA_VISIBLE_DEVICES", "HCCL_", "OMP_", "VLLM_", "SGLANG_")
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+
+
+def _shown_env(env: dict[str, str]) -> str:
+    """``NAME=value`` of the variables an operator checks when an engine misbehaves (which
+    devices, which interface, how many threads), secrets never."""
+    return " ".join(f"{k}={v}" for k, v in sorted(env.items())
+                    if k.startswith(_SHOWN_ENV_PREFIXES)
+                    and not any(w in k.upper() for w in _SECRET_WORDS))

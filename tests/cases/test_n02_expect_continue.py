@@ -129,3 +129,31 @@ async def test_a_refused_key_or_limit_is_answered_instead_of_the_continue():
         refused = await expect("sk-a")                                    # rpm 60: burst of 1
         assert refused.startswith(b"HTTP/1.1 429 ") and b"retry-after:" in refused.lower()
         assert len(fbs[0].log) == 1
+
+
+@run_async
+async def test_a_wrong_key_already_refused_gets_no_continue_with_hashed_keys():
+    from motor.coordinator.keys import hash_key
+    async with cluster(fbs=[FB(behave=echo_sha)],
+                       api_keys=[{"name": "h", "key": hash_key("sk-h", iterations=1000)}]
+                       ) as (fbs, gw):
+        body = body_of(10_000)
+
+        async def expect(key: str) -> bytes:
+            r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+            w.write(f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: "
+                    f"{len(body)}\r\nauthorization: Bearer {key}\r\n"
+                    f"expect: 100-continue\r\n\r\n".encode())
+            first = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 3.0)
+            if first.startswith(b"HTTP/1.1 100"):
+                w.write(body)
+                first = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5.0)
+                first = b"100+" + first
+            w.close()
+            return first
+        # the first time, only a derivation can tell: the body comes, then the 401
+        assert (await expect("sk-wrong")).startswith(b"100+HTTP/1.1 401 ")
+        # known to be wrong now: 401 instead of the 100
+        assert (await expect("sk-wrong")).startswith(b"HTTP/1.1 401 ")
+        assert (await expect("sk-h")).startswith(b"100+HTTP/1.1 200 ")
+        assert len(fbs[0].log) == 1

@@ -180,3 +180,51 @@ def test_tls_config_errors_are_refused_before_anything_starts(tmp_path: Path) ->
     assert "coordinator.tls.client_ca_file: motor up's readiness probe of the coordinator " \
            "needs a client certificate" in r.stderr
     assert pids_matching("motor", "--port", str(base)) == []
+
+
+def test_an_api_certificate_for_another_host_fails_the_start_at_once(tmp_path: Path) -> None:
+    """A certificate that does not verify never will: motor up says so at the first probe
+    (naming the field to look at) instead of waiting out --ready-timeout."""
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    plane_cert, plane_key = _pem_pair(ca, tmp_path, "plane")
+    other = ca.issue_cert("other.example.com")
+    api_cert, api_key = tmp_path / "api.pem", tmp_path / "api.key"
+    other.cert_chain_pems[0].write_to_path(str(api_cert))
+    other.private_key_pem.write_to_path(str(api_key))
+    ctl, gw = free_ports(2)
+    base, _ = free_ports(2, consecutive=True)
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(f"""
+controller:
+  port: {ctl}
+  heartbeat_interval_s: 0.2
+  tls: {{ca_file: {ca_file}, cert_file: {plane_cert}, key_file: {plane_key}}}
+coordinator:
+  port: {gw}
+  tls: {{cert_file: {api_cert}, key_file: {api_key}}}
+nodes:
+  - name: n0
+    engines:
+      - {{name: sim, kind: sim, model: motor-sim, count: 1, base_port: {base},
+         health_interval_s: 0.2, engine_config: {{time-scale: 0.05}}}}
+""")
+    p = subprocess.Popen([sys.executable, "-m", "motor", "up", "-c", str(cfg), "--log-dir",
+                          str(tmp_path / "logs"), "--ready-timeout", "600"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    try:
+        _, err = p.communicate(timeout=120)   # far less than the 600 s ready timeout
+        assert p.returncode == 1, err
+        assert b"certificate verification failed" in err and b"coordinator.tls" in err, err
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.3)
+    assert pids_matching("motor", str(cfg)) == []

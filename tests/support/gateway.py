@@ -62,6 +62,7 @@ class Gateway:
             await asyncio.gather(self._task, return_exceptions=True)
             self.probe.close()  # type: ignore[union-attr]
         await self.server.shutdown(1.0)
+        self.coord.close()
         self.client.close()
 
     def inflight(self) -> int:

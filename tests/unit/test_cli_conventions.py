@@ -84,7 +84,7 @@ def test_top_level_help(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
-    assert text.startswith("usage: motor [-h] [--log-level LEVEL] COMMAND")
+    assert text.startswith("usage: motor [-h] [--log-level LEVEL] [--log-format FORMAT] COMMAND")
     assert "(default: info)" in text and "None" not in text
     for name in COMMANDS:
         assert f"    {name} " in text
@@ -257,6 +257,12 @@ def test_a_global_option_after_the_command_is_explained(
     assert capsys.readouterr().err.splitlines()[-1] == (
         "motor sim: error: unrecognized arguments: --log-level debug (--log-level is global: "
         "motor --log-level LEVEL sim ...)")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["sim", "--log-format", "json"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "motor sim: error: unrecognized arguments: --log-format json (--log-format is global: "
+        "motor --log-format FORMAT sim ...)")
 
 
 def test_bad_option_in_a_subprocess_has_no_traceback() -> None:

@@ -23,11 +23,14 @@ class RequestInfo:
 
     After :meth:`Policy.pick`, ``prefill_tokens`` is the prompt tokens the chosen
     endpoint must still compute (the prompt minus its credited cached prefix) and
-    ``cached_tokens`` the cached prefix found there (0 for policies that do not know).
+    ``cached_tokens`` the cached prefix found there (0 for policies that do not know);
+    ``cost``, set only by policies that score candidates (``kv_affinity``, ``least_load``),
+    the chosen one's cost in the policy's unit (read with ``getattr(info, "cost", None)``).
     """
 
     __slots__ = ("model", "prompt_tokens", "max_tokens", "block_hashes", "prefill_tokens",
-                 "cached_tokens")
+                 "cached_tokens", "cost")
+    cost: float      # no default: set by scoring policies only
 
     def __init__(self, model: str | None, prompt_tokens: int, max_tokens: int) -> None:
         self.model = model

@@ -97,6 +97,7 @@ class KvAffinity(Policy):
         cached_blocks = int(ov.sum())
         saved = r.block_size * float(self.tier_credit @ ov)
         request.cached_tokens = min(cached_blocks * r.block_size, request.prompt_tokens)
+        request.cost = cost
         request.prefill_tokens = max(0, int(request.prompt_tokens - saved))
         if hashes is not None:
             metrics.KV_PROMPT_TOKENS.inc(request.prompt_tokens)

@@ -47,4 +47,5 @@ class LeastLoad(Policy):
                 cost = tokens + w * n_req
             if best is None or cost < best_cost:
                 best, best_cost = ep, cost
+        request.cost = best_cost
         return best if best is not None else candidates[start % n]

@@ -28,6 +28,7 @@ import orjson
 from motor.config.schema import CoordinatorConfig, EngineKind
 from motor.coordinator import metrics
 from motor.coordinator.endpoints import EndpointState
+from motor.coordinator.observe import CURRENT, Obs
 from motor.coordinator.policy import RequestInfo
 from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
 from motor.http.server import Request, Response
@@ -54,7 +55,7 @@ class Settings:
                  "max_attempts", "backoff_s", "backoff_max_s", "retry_statuses",
                  "token_ids_mode", "failover_on", "max_continuations", "prefill_timeout_s",
                  "fallback_to_union", "checks_keys", "env_keys", "worker_auth",
-                 "forward_client_auth")
+                 "forward_client_auth", "observe")
 
     def __init__(self, cfg: CoordinatorConfig, env: dict[str, str] | os._Environ[str] | None
                  = None) -> None:
@@ -84,6 +85,8 @@ class Settings:
         self.worker_auth: bytes | None = b"Bearer " + wk.encode() if wk else None
         # the client's Authorization goes upstream only when motor neither checks nor replaces it
         self.forward_client_auth: bool = not self.checks_keys and self.worker_auth is None
+        #: tracing or the access log is on: requests carry an Obs (motor.coordinator.observe)
+        self.observe: bool = cfg.tracing.enabled or cfg.access_log
 
     def backoff_delay_s(self, attempt: int) -> float:
         """Wait before attempt ``attempt`` (0-based): 0, then ``backoff_s`` doubling, capped
@@ -112,7 +115,7 @@ class Route:
         self.name = name
         self.path = path
         self.chat = path == b"/v1/chat/completions"
-        self.ttft = metrics.TTFT.labels(name)
+        self.ttft: Any = metrics.TTFT.labels(name)
         self.e2e = metrics.E2E.labels(name)
         self._status: dict[int, Any] = {}
 
@@ -129,6 +132,38 @@ class Route:
         count it."""
         self.count(status)
         resp.send(status, error_body(status, message, param), headers=headers)
+
+
+class _FirstToken:
+    """A route's TTFT histogram child that also tells the observed request its TTFT."""
+
+    __slots__ = ("child",)
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+
+    def observe(self, v: float) -> None:
+        self.child.observe(v)
+        obs = CURRENT.get()
+        if obs is not None:
+            obs.first_token(v)
+
+
+class ObservedRoute(Route):
+    """A :class:`Route` of a worker that observes its requests (tracing or the access
+    log): the status counted and the first token also go to the request's :class:`Obs`."""
+
+    __slots__ = ()
+
+    def __init__(self, name: str, path: bytes) -> None:
+        super().__init__(name, path)
+        self.ttft = _FirstToken(self.ttft)
+
+    def count(self, status: int) -> None:
+        super().count(status)
+        obs = CURRENT.get()
+        if obs is not None:
+            obs.status = status
 
 
 class _Answered:
@@ -171,6 +206,9 @@ class Parsed:
     __slots__ = ("raw", "body", "model", "fwd", "rid", "rid_header", "stream", "max_tokens",
                  "t0")
 
+    #: the request's observation record (:class:`ObservedParsed`); ``None``: not observed
+    obs: Obs | None = None
+
     def __init__(self, raw: bytes, body: dict[str, Any], model: str | None,
                  fwd: list[tuple[bytes, bytes]], rid: bytes, chat: bool, t0: float) -> None:
         self.raw = raw
@@ -188,6 +226,12 @@ class Parsed:
         the client's body)."""
         return RequestInfo(self.model, estimate_prompt_tokens(
             self.body, len(self.raw) if raw_len is None else raw_len), self.max_tokens)
+
+
+class ObservedParsed(Parsed):
+    """A :class:`Parsed` request of a worker that observes its requests."""
+
+    __slots__ = ("obs",)
 
 
 def estimate_prompt_tokens(body: dict[str, Any], raw_len: int) -> int:
@@ -259,6 +303,13 @@ def parse_request(s: Settings, route: Route, req: Request, resp: Response,
     fwd.append((b"x-request-id", rid))
     if s.worker_auth is not None:
         fwd.append((b"authorization", s.worker_auth))
+    if s.observe:
+        obs = CURRENT.get()
+        if obs is not None:
+            op = ObservedParsed(req.body, body, model, fwd, rid, route.chat, t0)
+            op.obs = obs
+            obs.parsed(rid, model)
+            return op
     return Parsed(req.body, body, model, fwd, rid, route.chat, t0)
 
 
@@ -476,7 +527,8 @@ async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, r
     return None, wrote
 
 
-__all__ = ["ANSWERED", "FORWARD_HEADERS", "JSON", "KEEPALIVE", "Parsed", "RequestPath", "Route", "Settings",
+__all__ = ["ANSWERED", "FORWARD_HEADERS", "JSON", "KEEPALIVE", "ObservedParsed", "ObservedRoute",
+           "Parsed", "RequestPath", "Route", "Settings",
            "Silence", "SseFeed", "engine_error_body", "estimate_prompt_tokens", "failure_text",
            "is_openai_error", "json_type", "note_status", "parse_request", "past_prefill",
            "read_whole", "relay_sse", "settle_leg", "transport_failed"]

@@ -134,13 +134,20 @@ class Bootstrap(PdPath):
         """Send P its copy and read its answer to the end (dropped); raises LegFailed."""
         t = time.perf_counter()
         tokens = ctx.info.prompt_tokens
+        obs = ctx.obs
+        span, fwd = (None, None) if obs is None else obs.leg("prefill", ep, ctx.fwd)
         with ep.lease(tokens, tokens, 0):
             try:
-                up = await self.send(ep, ctx, body, self.prefill_timeout_s, self.prefill_timeout_s)
+                up = await self.send(ep, ctx, body, self.prefill_timeout_s, self.prefill_timeout_s,
+                                     fwd)
                 status = up.status
                 async with up:
                     data = await read_whole(up, self.prefill_timeout_s)
-            except (TimeoutError, ConnectionError, OSError) as e:
+            except BaseException as e:
+                if obs is not None:
+                    obs.end(span, error=type(e).__name__)
+                if not isinstance(e, (TimeoutError, ConnectionError, OSError)):
+                    raise
                 transport_failed(ep, e)      # breaker and upstream_errors, as every leg
                 PD_REQUESTS.labels(self.name, "prefill_failed").inc()
                 if isinstance(e, TimeoutError):
@@ -149,6 +156,9 @@ class Bootstrap(PdPath):
                                          f" s") from None
                 raise LegFailed(502, f"prefill instance {ep.instance_id} failed: "
                                      f"{type(e).__name__}: {e}") from None
+        if obs is not None:
+            obs.end(span, {"http.response.status_code": status},
+                    str(status) if status >= 500 else None)
         note_status(ep, status)
         if status >= 400:
             PD_REQUESTS.labels(self.name, "prefill_failed").inc()

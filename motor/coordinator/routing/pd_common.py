@@ -31,6 +31,7 @@ from motor.coordinator import metrics
 from motor.coordinator.endpoints import EndpointState, EndpointTable, Lease
 from motor.coordinator.kv.router import KvRouter
 from motor.coordinator.metrics import PD_DECODE, PD_PREFILL, PD_REQUESTS, PD_TTFT
+from motor.coordinator.observe import Obs
 from motor.coordinator.policy import Policy, RequestInfo, make_policy
 from motor.coordinator.recovery import END, REFUSE, StreamRecovery, after_leg, continuable
 from motor.coordinator.routing.base import (JSON, Parsed, RequestPath, Route, Settings,
@@ -38,7 +39,7 @@ from motor.coordinator.routing.base import (JSON, Parsed, RequestPath, Route, Se
                                             failure_text, note_status, parse_request,
                                             read_whole, relay_sse, settle_leg,
                                             transport_failed)
-from motor.coordinator.routing.union import UnionPath
+from motor.coordinator.routing.union import UnionPath, prepare_traced
 from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
 from motor.http.server import Request, Response
 from motor.protocol.openai import error_body, max_tokens_of, sse_error_event
@@ -62,7 +63,8 @@ class Ctx:
     to forward, ids, timing, and the stream's recovery state shared by its legs."""
 
     __slots__ = ("route", "path", "chat", "resp", "body", "model", "fwd", "rid", "rid_header",
-                 "stream", "info", "max_tokens", "t0", "rec", "cont", "avoid", "legs", "wrote")
+                 "stream", "info", "max_tokens", "t0", "rec", "cont", "avoid", "legs", "wrote",
+                 "obs")
 
     def __init__(self, route: Route, resp: Response, p: Parsed) -> None:
         self.route = route
@@ -86,6 +88,8 @@ class Ctx:
         self.avoid: set[EndpointState] = set()
         self.legs = 0
         self.wrote = False
+        #: the request's observation record (tracing, access log) or None
+        self.obs: Obs | None = p.obs
 
     def continued(self, path: bytes, body: dict[str, Any]) -> Ctx:
         """The context of the next leg of a broken stream: a fresh PD request for ``path``
@@ -267,18 +271,31 @@ class PdPath(RequestPath):
         if not cands:
             return None
         policy = self.prefill_policy if role is Role.PREFILL else self.decode_policy
+        obs = ctx.obs
         if policy.uses_prefix and role is Role.PREFILL and ctx.info.block_hashes is None:
             # once per request: a prefill retry reuses the routing key
-            policy.prepare(ctx.info, "chat" if ctx.chat else "completions", ctx.body)
-        ep = policy.pick(cands, ctx.info, exclude)
+            if obs is None:
+                policy.prepare(ctx.info, "chat" if ctx.chat else "completions", ctx.body)
+            else:
+                prepare_traced(policy, obs, ctx.info, "chat" if ctx.chat else "completions",
+                               ctx.body)
+        if obs is None:
+            ep = policy.pick(cands, ctx.info, exclude)
+        else:
+            rs = obs.start("motor.route")
+            ep = policy.pick(cands, ctx.info, exclude)
+            obs.decision(rs, policy.name, role.value, len(cands), ep, ctx.info)
         if ep is not None:
             policy.routed(ep, ctx.info)
         return ep
 
     # -- legs -------------------------------------------------------------------------
     async def send(self, ep: EndpointState, ctx: Ctx, body: bytes, first_byte_timeout_s: float,
-                   idle_timeout_s: float) -> UpstreamResponse:
-        return await ep.pool.request(b"POST", ctx.path, body, ctx.fwd,
+                   idle_timeout_s: float, fwd: list[tuple[bytes, bytes]] | None = None
+                   ) -> UpstreamResponse:
+        """POST ``body`` to ``ep`` with the request's forwarded headers (``fwd``: a leg's own,
+        with its ``traceparent``)."""
+        return await ep.pool.request(b"POST", ctx.path, body, ctx.fwd if fwd is None else fwd,
                                      first_byte_timeout_s=first_byte_timeout_s,
                                      idle_timeout_s=idle_timeout_s)
 
@@ -312,23 +329,39 @@ class PdPath(RequestPath):
                 break
             exclude.add(ep)
             tokens = ctx.info.prompt_tokens
+            obs = ctx.obs
+            span, fwd = (None, None) if obs is None else obs.leg("prefill", ep, ctx.fwd, attempt)
             with ep.lease(tokens, tokens, 0):
                 try:
                     up = await self.send(ep, ctx, body, self.prefill_timeout_s,
-                                         self.prefill_timeout_s)
+                                         self.prefill_timeout_s, fwd)
                     status = up.status
                     async with up:
                         data = await read_whole(up, self.prefill_timeout_s)
                 except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+                    if obs is not None:
+                        obs.end(span, error=type(e).__name__)
                     last = self.leg_transport_failed("prefill", ep, e)
+                    if obs is not None:
+                        obs.event("motor.retry", {"motor.leg": "prefill", "motor.attempt": attempt,
+                                                  "motor.endpoint": ep.url, "motor.reason": last})
                     continue
+            if obs is not None:
+                obs.end(span, {"http.response.status_code": status},
+                        str(status) if status >= 500 else None)
             note_status(ep, status)
             if status >= 400:
                 if status in s.retry_statuses:
                     last = f"{ep.url}: answered {status}"
+                    if obs is not None:
+                        obs.event("motor.retry", {"motor.leg": "prefill", "motor.attempt": attempt,
+                                                  "motor.endpoint": ep.url, "motor.reason": last})
                     continue
                 if status >= 500:
                     last = f"{ep.url}: answered {status}: {data[:200].decode('utf-8', 'replace')}"
+                    if obs is not None:
+                        obs.event("motor.retry", {"motor.leg": "prefill", "motor.attempt": attempt,
+                                                  "motor.endpoint": ep.url, "motor.reason": last})
                     continue
                 PD_REQUESTS.labels(self.name, "prefill_failed").inc()
                 raise LegFailed(status, f"prefill answered {status}",
@@ -362,16 +395,30 @@ class PdPath(RequestPath):
                 break
             exclude.add(ep)
             lease = ep.lease(ctx.max_tokens + ctx.info.prompt_tokens, 0, ctx.max_tokens)
+            obs = ctx.obs
+            span, fwd = (None, None) if obs is None else obs.leg(
+                "continuation" if ctx.legs else "decode", ep, ctx.fwd, attempt)
             try:
                 up = await self.send(ep, ctx, body, s.first_byte_timeout_s,
-                                     s.stream_idle_step_s)
+                                     s.stream_idle_step_s, fwd)
             except (UpstreamTimeout, UpstreamClosed, OSError) as e:
                 lease.release()
+                if obs is not None:
+                    obs.end(span, error=type(e).__name__)
                 last = self.leg_transport_failed("decode", ep, e)
+                if obs is not None:
+                    obs.event("motor.retry", {"motor.leg": "decode", "motor.attempt": attempt,
+                                              "motor.endpoint": ep.url, "motor.reason": last})
                 continue
-            except BaseException:
+            except BaseException as e:
                 lease.release()
+                if obs is not None:
+                    obs.end(span, error=type(e).__name__)
                 raise
+            if span is not None:
+                assert obs is not None
+                span.set_attribute("http.response.status_code", up.status)
+                obs.decode_span = span      # ended when its answer has been relayed
             return ep, up, lease
         PD_REQUESTS.labels(self.name, "decode_failed").inc()
         raise LegFailed(502, f"the decode leg failed: {last}")
@@ -407,12 +454,22 @@ class PdPath(RequestPath):
         merged with the prefill's), anything else whole (usage and prompt_logprobs merged)."""
         status = up.status
         ctype = up.header(b"content-type", JSON) or JSON
-        if status < 300 and ctype.startswith(b"text/event-stream"):
-            await self._relay_decode(ctx, ep, up, ctype, p_answer, t_decode)
-        elif ctx.resp.started:
-            await self._failed_continuation(ep, up)
-        else:
-            await self._whole_decode(ctx, ep, up, ctype, p_answer, t_decode)
+        obs = ctx.obs
+        try:
+            if status < 300 and ctype.startswith(b"text/event-stream"):
+                await self._relay_decode(ctx, ep, up, ctype, p_answer, t_decode)
+            elif ctx.resp.started:
+                await self._failed_continuation(ep, up)
+            else:
+                await self._whole_decode(ctx, ep, up, ctype, p_answer, t_decode)
+        except BaseException as e:
+            if obs is not None and obs.decode_span is not None:
+                obs.end(obs.decode_span, error=type(e).__name__)
+                obs.decode_span = None
+            raise
+        if obs is not None and obs.decode_span is not None:
+            obs.end(obs.decode_span, None, "broken" if ctx.cont is not None else None)
+            obs.decode_span = None
 
     async def _relay_decode(self, ctx: Ctx, ep: EndpointState, up: UpstreamResponse,
                             ctype: bytes, p_answer: dict[str, Any] | None,
@@ -543,6 +600,9 @@ class PdPath(RequestPath):
         metrics.FAILOVERS.labels(v.reason).inc()
         ctx.avoid.add(ep)
         ctx.cont = ctx.continued(v.path, orjson.loads(v.body))
+        if ctx.obs is not None:
+            ctx.obs.event("motor.failover", {"motor.reason": v.reason, "motor.endpoint": ep.url,
+                                             "motor.leg.index": ctx.cont.legs})
         logger.info("PD stream from %s continues as a new PD request (%s, leg %d)", ep.url,
                     v.reason, ctx.cont.legs + 1)
 

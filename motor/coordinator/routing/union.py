@@ -28,10 +28,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from motor.config.schema import Role
 from motor.coordinator import metrics
 from motor.coordinator.endpoints import EndpointState, EndpointTable, Lease, Waiting
+from motor.coordinator.observe import Obs
 from motor.coordinator.policy import Policy, RequestInfo
 from motor.coordinator.recovery import (END, REFUSE, StreamRecovery, Verdict, after_leg,
                                         continuable, inject_token_ids, retryable_status)
@@ -88,14 +90,16 @@ class Whole:
 class Opened:
     """An engine's streamed answer, open; its lease is held until the stream's leg ends."""
 
-    __slots__ = ("ep", "up", "ctype", "lease")
+    __slots__ = ("ep", "up", "ctype", "lease", "span")
 
     def __init__(self, ep: EndpointState, up: UpstreamResponse, ctype: bytes,
-                 lease: Lease) -> None:
+                 lease: Lease, span: Any = None) -> None:
         self.ep = ep
         self.up = up
         self.ctype = ctype
         self.lease = lease
+        #: the leg's span while the stream is relayed (tracing)
+        self.span = span
 
 
 class Retry:
@@ -106,6 +110,20 @@ class Retry:
     def __init__(self, error: str, answer: Whole | None = None) -> None:
         self.error = error
         self.answer = answer
+
+
+def prepare_traced(policy: Policy, obs: Obs, info: RequestInfo, route: str,
+                   body: dict[str, object]) -> None:
+    """``policy.prepare`` (the tokenization of the routing key) in a ``motor.tokenize``
+    span."""
+    span = obs.start("motor.tokenize", {"motor.policy": policy.name})
+    try:
+        policy.prepare(info, route, body)
+    finally:
+        h = info.block_hashes
+        obs.end(span, {"motor.prompt_tokens": info.prompt_tokens,
+                       "motor.tokenized": h is not None,
+                       "motor.blocks": 0 if h is None else len(h)})
 
 
 class UnionPath(RequestPath):
@@ -151,10 +169,14 @@ class UnionPath(RequestPath):
         ``tap(ep)``: a feed over a stream's events from ``ep`` (not continuable streams).
         Returns the answer sent when it was not a stream (``Whole.ep`` says whose)."""
         info = p.info()
+        obs = p.obs
         if self.policy.uses_prefix and route.name in ("chat", "completions"):
             # kv_affinity: routing key = the tokenized request (only what the engine prefills
             # and caches: not /tokenize, /v1/responses and the like)
-            self.policy.prepare(info, route.name, p.body)
+            if obs is None:
+                self.policy.prepare(info, route.name, p.body)
+            else:
+                prepare_traced(self.policy, obs, info, route.name, p.body)
         if p.stream:
             rec, with_ids, why_not = self._recovery(route, p)
         else:
@@ -162,7 +184,7 @@ class UnionPath(RequestPath):
         load = Load(info.prompt_tokens + p.max_tokens, p.max_tokens, candidates[0].role)
         try:
             res = await self.dispatch(route.path, p.raw, with_ids, p.fwd, info, load, set(),
-                                      p.stream, candidates, retry_also)
+                                      p.stream, candidates, retry_also, obs)
         except asyncio.CancelledError:
             metrics.CLIENT_DISCONNECTS.labels("before_answer").inc()
             raise
@@ -204,13 +226,15 @@ class UnionPath(RequestPath):
                        fwd: list[tuple[bytes, bytes]], info: RequestInfo, load: Load,
                        tried: set[EndpointState], stream: bool,
                        first: list[EndpointState] | None = None,
-                       retry_also: frozenset[int] = frozenset()) -> Fail | Whole | Opened:
+                       retry_also: frozenset[int] = frozenset(), obs: Obs | None = None,
+                       leg: str = "union") -> Fail | Whole | Opened:
         """Send the request to an endpoint, retrying on another one (bounded, with backoff)
         while nothing reached the client. A streamed answer comes back open
         (:class:`Opened`); any other answer is read whole. ``with_ids``: the body with
         ``return_token_ids`` (``raw`` itself when not needed), sent to endpoints
         :meth:`Settings.ids_for` accepts. ``first``: the candidate list for the first
-        attempt when the caller just built it (no await in between)."""
+        attempt when the caller just built it (no await in between). ``obs``: the request's
+        observation record (tracing, access log); ``leg``: the legs' span name."""
         s = self.s
         last_error = "no attempt made"
         last_answer: Whole | None = None
@@ -222,15 +246,27 @@ class UnionPath(RequestPath):
                 self.table.candidates(load.role, info.model)
             if not candidates:
                 break
-            ep = self.policy.pick(candidates, info, tried)
+            if obs is None:
+                ep = self.policy.pick(candidates, info, tried)
+            else:
+                rs = obs.start("motor.route")
+                ep = self.policy.pick(candidates, info, tried)
+                obs.decision(rs, self.policy.name, load.role.value, len(candidates), ep, info)
             if ep is None:
                 break
             tried.add(ep)
             n_tried += 1
             body = with_ids if with_ids is not raw and s.ids_for(ep) else raw
-            res = await self._attempt(ep, path, body, fwd, info, load, stream, retry_also)
+            if obs is None:
+                res = await self._attempt(ep, path, body, fwd, info, load, stream, retry_also)
+            else:
+                res = await self._traced_attempt(obs, leg, attempt, ep, path, body, fwd, info,
+                                                 load, stream, retry_also)
             if not isinstance(res, Retry):
                 return res
+            if obs is not None:
+                obs.event("motor.retry", {"motor.attempt": attempt, "motor.endpoint": ep.url,
+                                          "motor.reason": res.error})
             last_error = res.error
             if res.answer is not None:
                 last_answer = res.answer
@@ -238,6 +274,32 @@ class UnionPath(RequestPath):
             return last_answer
         return Fail(502 if n_tried else 503,
                     f"no engine could take the request after {n_tried} attempt(s): {last_error}")
+
+    async def _traced_attempt(self, obs: Obs, leg: str, attempt: int, ep: EndpointState,
+                              path: bytes, body: bytes, fwd: list[tuple[bytes, bytes]],
+                              info: RequestInfo, load: Load, stream: bool,
+                              retry_also: frozenset[int]) -> Fail | Whole | Opened | Retry:
+        """:meth:`_attempt` in its leg span (the engine gets the leg's ``traceparent``); a
+        stream's span goes on with it (``Opened.span``)."""
+        span, fwd = obs.leg(leg, ep, fwd, attempt)
+        try:
+            res = await self._attempt(ep, path, body, fwd, info, load, stream, retry_also)
+        except BaseException as e:
+            obs.end(span, error=type(e).__name__)
+            raise
+        if isinstance(res, Opened):
+            if span is not None:
+                span.set_attribute("http.response.status_code", res.up.status)
+            res.span = span
+        elif isinstance(res, Whole):
+            obs.end(span, {"http.response.status_code": res.status},
+                    str(res.status) if res.status >= 500 else None)
+        elif isinstance(res, Retry):
+            st = res.answer.status if res.answer is not None else None
+            obs.end(span, {"http.response.status_code": st} if st else None, res.error)
+        else:
+            obs.end(span, None, f"{res.status}: {res.message}")
+        return res
 
     async def _attempt(self, ep: EndpointState, path: bytes, body: bytes,
                        fwd: list[tuple[bytes, bytes]], info: RequestInfo, load: Load,
@@ -324,6 +386,9 @@ class UnionPath(RequestPath):
                                              on_prefill_done=leg.lease.prefill_done)
                 wrote_any = wrote_any or wrote
                 leg.up.close()
+                if leg.span is not None:
+                    assert p.obs is not None
+                    p.obs.end(leg.span, None, None if err is None else type(err).__name__)
                 v = self._leg_ended(route, p, resp, leg, err, rec, legs, wrote_any, why_not)
                 if isinstance(v, int):
                     status, cur = v, None
@@ -385,7 +450,12 @@ class UnionPath(RequestPath):
         metrics.FAILOVERS.labels(v.reason).inc()
         logger.info("stream from %s continues elsewhere (%s, leg %d)", ep.url, v.reason,
                     legs + 2)
-        nxt = await self.dispatch(v.path, v.body, v.body, p.fwd, info, load, {ep}, True)
+        obs = p.obs
+        if obs is not None:
+            obs.event("motor.failover", {"motor.reason": v.reason, "motor.endpoint": ep.url,
+                                         "motor.leg.index": legs + 1})
+        nxt = await self.dispatch(v.path, v.body, v.body, p.fwd, info, load, {ep}, True,
+                                  obs=obs, leg="continuation")
         if isinstance(nxt, Opened):
             return 200, nxt
         st = nxt.status if nxt.status >= 400 else 502
@@ -394,4 +464,4 @@ class UnionPath(RequestPath):
         return st, None
 
 
-__all__ = ["Fail", "Load", "Opened", "UnionPath", "Whole"]
+__all__ = ["Fail", "Load", "Opened", "UnionPath", "Whole", "prepare_traced"]

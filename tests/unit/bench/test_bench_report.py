@@ -61,7 +61,7 @@ def test_format_table_summary_lines():
 def test_json_output():
     res = _result(failed=True)
     d = json.loads(to_json(res))
-    assert set(d) == {"config", "summary", "metrics"}
+    assert set(d) == {"config", "summary", "metrics", "requests"}
     assert d["summary"]["requests_completed"] == 4 and d["summary"]["requests_failed"] == 1
     assert d["summary"]["failure_reasons"] == {"http_500": 1}
     assert d["summary"]["cached_token_share"] == 0.25
@@ -69,6 +69,15 @@ def test_json_output():
     assert d["metrics"]["E2EL"]["p99"] == res.metrics["E2EL"].p99
     assert d["metrics"]["TTFT"]["n"] == 4
     assert d["config"]["url"] == "http://127.0.0.1:1"
+    # one record per request, in the order of res.requests; times in s (start, end) and ms
+    assert [(r["conversation"], r["ok"]) for r in d["requests"]] == \
+        [(0, True), (1, True), (2, True), (3, True), (9, False)]
+    first, failed = d["requests"][0], d["requests"][-1]
+    assert first == {"conversation": 0, "turn": 0, "ok": True, "start_s": 0.0, "end_s": 0.1,
+                     "e2el_ms": 100.0, "ttft_ms": 10.0, "itl_ms": [10.0, 10.0, 10.0],
+                     "input_tokens": 100, "output_tokens": 4, "cached_tokens": 25,
+                     "usage_reported": False, "status": None, "reason": None, "error": None}
+    assert (failed["reason"], failed["ttft_ms"], failed["itl_ms"]) == ("http_500", None, [])
     out = io.StringIO()
     write_json(res, "-", stdout=out)
     assert json.loads(out.getvalue()) == d

@@ -91,13 +91,29 @@ def test_mtls_refuses_a_client_without_a_certificate(tmp_path):
 
 def test_a_broken_rotation_keeps_the_old_certificate(tmp_path):
     ca = trustme.CA()
-    _, cert, key = _write_pair(ca, tmp_path)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    first, cert, key = _write_pair(ca, tmp_path)
     ctx = server_context(cert, key)
     reloader = CertReloader(ctx, cert, key)
     with open(cert, "w") as f:
         f.write("not a certificate\n")
     assert not reloader.check()
+    # a half-done rotation: a new certificate whose key is not there yet
+    other = ca.issue_cert("127.0.0.1")
+    other.cert_chain_pems[0].write_to_path(cert)
+    os.utime(cert, (5, 5))
+    assert not reloader.check()
     assert reloader.reloads == 0
+
+    async def main():   # the live context still serves the first pair
+        srv, port = await _serve(ctx)
+        from cryptography import x509
+        got = await _peer_serial(port, client_context(str(ca_file)))
+        assert got == x509.load_pem_x509_certificate(first.cert_chain_pems[0].bytes()).serial_number
+        srv.close()
+        await srv.wait_closed()
+    asyncio.run(main())
 
 
 def test_encrypted_key_with_a_password_file(tmp_path):
@@ -112,8 +128,13 @@ def test_encrypted_key_with_a_password_file(tmp_path):
     (tmp_path / "pw").write_text("s3cret\n")
     server_context(str(tmp_path / "c.pem"), str(tmp_path / "k.pem"), str(tmp_path / "pw"))
     (tmp_path / "pw").write_text("wrong\n")
-    with pytest.raises(ConfigError, match="do not load"):
+    with pytest.raises(ConfigError, match="key_password_file: expected the password of the "
+                                          "encrypted key .* does not decrypt it"):
         server_context(str(tmp_path / "c.pem"), str(tmp_path / "k.pem"), str(tmp_path / "pw"))
+    # no password file: an error naming the field, never a prompt on the terminal
+    with pytest.raises(ConfigError, match="key_password_file: expected the password file of "
+                                          "the encrypted key"):
+        server_context(str(tmp_path / "c.pem"), str(tmp_path / "k.pem"))
 
 
 @pytest.mark.parametrize("kwargs, words", [

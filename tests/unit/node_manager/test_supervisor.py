@@ -381,3 +381,11 @@ def test_a_missing_launcher_fails_at_once_naming_the_file_and_the_field(tmp_path
         assert ep.state is ProcState.FAILED
         client.close()
     run_uvloop(go())
+
+
+def test_engine_log_header_shows_device_and_thread_env_but_never_secrets():
+    from motor.node_manager.supervisor import _shown_env
+    shown = _shown_env({"ASCEND_RT_VISIBLE_DEVICES": "4,5", "HCCL_IF_IP": "10.0.0.5",
+                        "OMP_NUM_THREADS": "10", "VLLM_API_KEY": "sk-secret",
+                        "HF_TOKEN": "hf-secret", "PATH": "/usr/bin"})
+    assert shown == "ASCEND_RT_VISIBLE_DEVICES=4,5 HCCL_IF_IP=10.0.0.5 OMP_NUM_THREADS=10"
