@@ -6,13 +6,16 @@ For candidate instance ``i`` (all quantities in prefill-token equivalents)::
     saved_i  = block_size * sum_t tier_credit[t] * overlap[i, t]
     load_i   = w_prefill * prefill_tokens[i] + w_decode * decode_tokens[i]
                + w_queue * queue[i]
-    saved_i  = 0                if guard_factor > 0 and load_i > guard_factor * mean(load)
+    saved_i  = 0                if guard_factor > 0 and k > 1
+                                and load_i > guard_factor * mean(load_j, j != i)
     cost_i   = max(prompt_tokens - saved_i, 0) + load_i
 
 ``overlap`` is :meth:`motor._fast.radix.PrefixIndex.match` output (leading cached
-blocks per instance and fastest tier), ``mean(load)`` is over the candidates.
-The load guard stops a hot cache holder from taking every request: above the
-guard its cached prefix is ignored and it competes on load alone.
+blocks per instance and fastest tier); the guard's mean is over the *other* candidates
+(with the candidate itself in the mean, two candidates could never trip it: load_A >
+2 x (load_A + load_B) / 2 is impossible; case N07). The load guard stops a hot cache
+holder from taking every request: above the guard its cached prefix is ignored and it
+competes on load alone.
 
 Tie-break (deterministic): lowest cost, then lowest load, then the first
 candidate in rotation order starting at position ``start % k`` of the candidate
@@ -36,7 +39,8 @@ DEBUG = bool(MOTOR_DEBUG)
 cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t start,
                           double *costs, double *best_cost) noexcept nogil:
     cdef Py_ssize_t pos, q, i, best = -1
-    cdef double load, saved, cost, left, mean = 0.0, guard = INFINITY
+    cdef double load, saved, cost, left, total = 0.0
+    cdef bint guarded = p.guard_factor > 0.0 and x.k > 1
     cdef double best_c = INFINITY, best_l = INFINITY
     cdef double bs0 = p.block_size * p.credit[0]
     cdef double bs1 = p.block_size * p.credit[1]
@@ -45,13 +49,12 @@ cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t
     if x.k <= 0:
         best_cost[0] = INFINITY
         return -1
-    if p.guard_factor > 0.0:
+    if guarded:
         for pos in range(x.k):
             i = x.cand32[pos] if x.cand32 != NULL else (
                 x.cand64[pos] if x.cand64 != NULL else pos)
-            mean += (p.w_prefill * x.prefill_tokens[i] + p.w_decode * x.decode_tokens[i]
-                     + p.w_queue * x.queue[i])
-        guard = p.guard_factor * (mean / x.k)
+            total += (p.w_prefill * x.prefill_tokens[i] + p.w_decode * x.decode_tokens[i]
+                      + p.w_queue * x.queue[i])
     start = start % x.k
     if start < 0:
         start += x.k
@@ -65,7 +68,7 @@ cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t
         load = (p.w_prefill * x.prefill_tokens[i] + p.w_decode * x.decode_tokens[i]
                 + p.w_queue * x.queue[i])
         saved = bs0 * ov[0] + bs1 * ov[1] + bs2 * ov[2]
-        if load > guard:
+        if guarded and load > p.guard_factor * (total - load) / (x.k - 1):
             saved = 0.0
         left = p.prompt_tokens - saved
         if left < 0.0:
@@ -185,8 +188,8 @@ def pick(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
     w_prefill, w_decode, w_queue : float, optional
         Weights of the load terms (defaults 1, 0, 0), in prefill tokens per unit.
     guard_factor : float, optional
-        > 0: an instance whose load exceeds ``guard_factor * mean load`` gets no
-        cache credit. 0 (default) disables the guard.
+        > 0: an instance whose load exceeds ``guard_factor`` x the mean load of the
+        other candidates gets no cache credit. 0 (default) disables the guard.
     start : int, optional
         Rotation offset for the last tie-break (position in ``candidates``).
 

@@ -250,7 +250,8 @@ class KvRoutingConfig(_Strict):
     queue_penalty_tokens: float = Field(64.0, ge=0, description="cost per request in flight on an "
                                                                   "instance, in prompt-token equivalents")
     load_guard: float = Field(2.0, ge=0, description="an instance whose load is above this factor x "
-                                                     "the candidates' mean load gets no cache credit; 0 = off")
+                                                     "the other candidates' mean load gets no cache "
+                                                     "credit; 0 = off")
     load_guard_min_tokens: float = Field(
         4096.0, ge=0, description="the load guard acts only once some candidate's load exceeds this")
     events: KvEventsConfig = Field(default_factory=KvEventsConfig)

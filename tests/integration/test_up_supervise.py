@@ -350,7 +350,10 @@ def test_a_bad_engine_flag_fails_the_start_with_the_engines_error(tmp_path: Path
         assert up.proc.wait(60) == 1
     err = up.stderr()
     assert "motor up: the cluster did not start: engine instance n0/sim/" in err, err[-4000:]
-    assert "failed to start" in err and "giving up after 3 failed start(s)" in err
+    # the reason the controller shows is the node manager's message of the heartbeat that
+    # reported the engine given up on (its wording depends on which start it reported last);
+    # what must be there is the engine's own error, from its log
+    assert "failed to start" in err and "node manager gave up" in err
     assert "argument --max-model-len: expected an integer >= 1, got 'abc'" in err
     assert "did not become ready" not in err
     assert "motor is up" not in up.out.read_text()

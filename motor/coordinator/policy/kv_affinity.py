@@ -20,7 +20,7 @@ Settings (``coordinator.kv``): ``tier_credit`` (device 1.0, host 0.75, disk 0.25
 ``prefill_weight`` 0.25 (a streamed request's uncached tokens are in flight until its
 first token, a whole answer's until it ends; the 0.25 dates from when every request's
 counted until its end, docs/benchmarks.md), ``decode_weight`` 0.0, ``queue_penalty_tokens`` 64,
-``load_guard`` 2.0 (an instance with load > 2 x the candidates' mean gets no cache
+``load_guard`` 2.0 (an instance with load > 2 x the other candidates' mean gets no cache
 credit, once some load exceeds ``load_guard_min_tokens`` 4096).
 
 Tie-break: lowest cost, then lowest load, then rotation (equal candidates, e.g. with

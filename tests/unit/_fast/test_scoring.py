@@ -64,12 +64,29 @@ def test_saved_tokens_never_make_the_prefill_negative(impl):
 def test_load_guard_ignores_the_cache_of_an_overloaded_instance(impl):
     ov = np.zeros((3, 3), np.int32)
     ov[0] = [50, 0, 0]                  # saves 800
-    p = np.array([800.0, 100.0, 100.0])  # mean 333.3; guard 2x -> 666.7 < 800
+    p = np.array([800.0, 100.0, 100.0])  # the others' mean 100; guard 2x -> 200 < 800
     d = np.zeros(3)
     q = np.zeros(3)
     assert impl.pick(ov, 1000, 16, CREDIT, p, d, q) == (0, 1000.0)
     assert impl.pick(ov, 1000, 16, CREDIT, p, d, q, guard_factor=2.0) == (1, 1100.0)
-    assert impl.pick(ov, 1000, 16, CREDIT, p, d, q, guard_factor=3.0) == (0, 1000.0)
+    assert impl.pick(ov, 1000, 16, CREDIT, p, d, q, guard_factor=8.0) == (0, 1000.0)
+
+
+def test_load_guard_acts_with_two_candidates(impl):
+    """Case N07: with the candidate itself in the mean, two candidates could never trip the
+    guard (load_A > 2 x (load_A + load_B) / 2); against the other's load it does."""
+    ov = np.zeros((2, 3), np.int32)
+    ov[0] = [100, 0, 0]                  # the holder saves 1600 of 2000
+    p = np.array([5000.0, 0.0])          # and carries all the load
+    d = np.zeros(2)
+    q = np.zeros(2)
+    assert impl.pick(ov, 2000, 16, CREDIT, p, d, q, guard_factor=2.0) == (1, 2000.0)
+    p = np.array([900.0, 500.0])         # within 2x of the other: the cache still wins
+    assert impl.pick(ov, 2000, 16, CREDIT, p, d, q, guard_factor=2.0) == (0, 1300.0)
+    one = np.zeros((1, 3), np.int32)
+    one[0] = [100, 0, 0]                 # a single candidate is never guarded
+    assert impl.pick(one, 2000, 16, CREDIT, np.array([5000.0]), np.zeros(1), np.zeros(1),
+                     guard_factor=2.0) == (0, 5400.0)
 
 
 def test_ties_break_on_load_then_rotation_from_start(impl):
