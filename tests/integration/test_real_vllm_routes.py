@@ -1,8 +1,9 @@
 """The engine API beyond chat / completions against REAL vLLM engines (CPU build), through a
 standalone coordinator, with the official ``openai`` client (issue 18, cases N03 and N12):
 
-* ``/v1/embeddings`` of a pooling engine (the tiny Llama served with ``--runner pooling
-  --convert embed``): the gateway's answer is the engine's own, vector for vector;
+* ``/v1/embeddings`` and ``/pooling`` of a pooling engine (the tiny Llama served with
+  ``--runner pooling --convert embed``): the gateway's answer is the engine's own, vector
+  for vector; the generate engine's Anthropic ``/v1/messages`` and ``/detokenize``;
 * a LoRA adapter loaded at run time with vLLM's ``/v1/load_lora_adapter`` (a rank-8 adapter
   on ``q_proj`` / ``v_proj`` written here): unknown to the gateway (404) before, listed in the
   gateway's ``/v1/models`` and routed to the engine that holds it after (its greedy answer is
@@ -162,6 +163,20 @@ def test_embeddings_and_runtime_lora_through_the_gateway(tmp_path: Path) -> None
         assert [d.embedding for d in got.data] == [d["embedding"] for d in direct["data"]]
         assert len(got.data) == 2 and len(got.data[0].embedding) == 64  # hidden size
         assert got.usage.prompt_tokens == direct["usage"]["prompt_tokens"] == 10  # byte tokens
+        # /pooling of the same engine, passed through by model
+        st, raw = call(gw, "/pooling", {"model": EMBED, "input": "hello"})
+        st_d, raw_d = call(emb, "/pooling", {"model": EMBED, "input": "hello"})
+        assert st == st_d == 200, raw
+        assert json.loads(raw)["data"][0]["data"] == json.loads(raw_d)["data"][0]["data"]
+        # the generate engine's Anthropic Messages API and /detokenize, through the gateway
+        st, raw = call(gw, "/v1/messages", {"model": BASE, "max_tokens": 5,
+                                            "messages": [{"role": "user", "content": "hi"}]})
+        assert st == 200, raw
+        msg = json.loads(raw)
+        assert msg["type"] == "message" and msg["content"][0]["type"] == "text"
+        assert msg["usage"]["output_tokens"] == 5
+        st, raw = call(gw, "/detokenize", {"model": BASE, "tokens": [104, 105]})
+        assert st == 200 and json.loads(raw)["prompt"] == "hi", raw   # byte tokenizer
         # the base model is not an embedding model: the generate engine refuses, in-band
         with pytest.raises(openai.APIStatusError) as refused:
             client.embeddings.create(model=BASE, input="hello")
