@@ -12,6 +12,8 @@ For candidate instance ``i`` (all quantities in prefill-token equivalents)::
 
 ``overlap`` is :meth:`motor._fast.radix.PrefixIndex.match` output (leading cached
 blocks per instance and fastest tier); the guard's mean is over the *other* candidates
+(computed as the one threshold ``load_i > guard_factor * sum(load) / (k - 1 +
+guard_factor)``, the same inequality)
 (with the candidate itself in the mean, two candidates could never trip it: load_A >
 2 x (load_A + load_B) / 2 is impossible; case N07). The load guard stops a hot cache
 holder from taking every request: above the guard its cached prefix is ignored and it
@@ -39,8 +41,7 @@ DEBUG = bool(MOTOR_DEBUG)
 cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t start,
                           double *costs, double *best_cost) noexcept nogil:
     cdef Py_ssize_t pos, q, i, best = -1
-    cdef double load, saved, cost, left, total = 0.0
-    cdef bint guarded = p.guard_factor > 0.0 and x.k > 1
+    cdef double load, saved, cost, left, total = 0.0, guard = INFINITY
     cdef double best_c = INFINITY, best_l = INFINITY
     cdef double bs0 = p.block_size * p.credit[0]
     cdef double bs1 = p.block_size * p.credit[1]
@@ -49,12 +50,15 @@ cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t
     if x.k <= 0:
         best_cost[0] = INFINITY
         return -1
-    if guarded:
+    if p.guard_factor > 0.0 and x.k > 1:
         for pos in range(x.k):
             i = x.cand32[pos] if x.cand32 != NULL else (
                 x.cand64[pos] if x.cand64 != NULL else pos)
             total += (p.w_prefill * x.prefill_tokens[i] + p.w_decode * x.decode_tokens[i]
                       + p.w_queue * x.queue[i])
+        # load_i > g * (total - load_i) / (k - 1)  <=>  load_i > g * total / (k - 1 + g):
+        # one threshold for every candidate
+        guard = p.guard_factor * total / (x.k - 1 + p.guard_factor)
     start = start % x.k
     if start < 0:
         start += x.k
@@ -68,7 +72,7 @@ cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t
         load = (p.w_prefill * x.prefill_tokens[i] + p.w_decode * x.decode_tokens[i]
                 + p.w_queue * x.queue[i])
         saved = bs0 * ov[0] + bs1 * ov[1] + bs2 * ov[2]
-        if guarded and load > p.guard_factor * (total - load) / (x.k - 1):
+        if load > guard:
             saved = 0.0
         left = p.prompt_tokens - saved
         if left < 0.0:

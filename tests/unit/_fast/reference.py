@@ -207,13 +207,15 @@ def score_costs(overlap, prompt_tokens, block_size, tier_credit, prefill_tokens,
             raise ValueError(f"candidates[{j}] is expected to be in 0..{n - 1}, got {c}")
     loads = [w_prefill * float(prefill_tokens[i]) + w_decode * float(decode_tokens[i])
              + w_queue * float(queue[i]) for i in cands]
-    total = sum(loads)
+    # the guard: load_i > g x the mean load of the *other* candidates, i.e.
+    # load_i > g * (total - load_i) / (k - 1), which is load_i > g * total / (k - 1 + g)
+    guard = math.inf
+    if guard_factor > 0 and len(cands) > 1:
+        guard = guard_factor * sum(loads) / (len(cands) - 1 + guard_factor)
     result = []
     for i, load in zip(cands, loads):
         saved = sum(block_size * float(tier_credit[t]) * int(overlap[i][t]) for t in range(3))
-        # the guard: the mean load of the *other* candidates
-        if guard_factor > 0 and len(cands) > 1 and \
-                load > guard_factor * (total - load) / (len(cands) - 1):
+        if load > guard:
             saved = 0.0
         result.append((max(prompt_tokens - saved, 0.0) + load, load))
     return cands, result
