@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import http.client
 import json
 import os
 import re
@@ -684,7 +685,9 @@ def _get_json(url: str, timeout_s: float = 1.0, any_status: bool = False,
             why = f"{_CERT_FAILED}: {e.reason.verify_message or e.reason}"
         else:
             why = str(e.reason)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        # HTTPException: not an HTTP answer (a loopback port nobody listens on yet can connect
+        # the client to itself and read back its own request)
         why = f"{type(e).__name__}: {e}"
     if errors is not None:
         errors[url] = why

@@ -5,6 +5,7 @@ node manager -> instances deregistered, engines gone; both exit 0 and print noth
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -154,7 +155,10 @@ def _ok(url: str) -> bool:
     try:
         get(url, 2)
         return True
-    except OSError:
+    except (OSError, ValueError, http.client.HTTPException):
+        # HTTPException: polling a loopback port nobody listens on yet can connect the
+        # client to itself (TCP self-connect in the ephemeral range) and read back its own
+        # request as the "status line"
         return False
 
 

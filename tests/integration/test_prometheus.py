@@ -7,6 +7,7 @@ data. Needs Debian's `prometheus` package (`prometheus` on PATH); skipped withou
 MOTOR_REQUIRE_PROMETHEUS=1."""
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
@@ -80,7 +81,7 @@ class _Prom:
         try:
             with urllib.request.urlopen(f"{self.base}/-/ready", timeout=2) as r:
                 return r.status == 200
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError, http.client.HTTPException):
             return False
 
 

@@ -21,6 +21,7 @@ Slow lane (``-m real_engine``); skipped without the vLLM CPU venv (see test_real
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
@@ -93,7 +94,7 @@ def wait_until(pred: Any, timeout_s: float, what: str, procs: dict[str, subproce
         try:
             if pred():
                 return
-        except (OSError, ValueError, AssertionError):
+        except (OSError, ValueError, AssertionError, http.client.HTTPException):
             pass
         dead = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
         if dead or time.monotonic() > deadline:
