@@ -167,37 +167,34 @@ def output_file(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected a file to write, got {text!r} ({why})")
 
 
-def log_directory(text: str) -> str:
-    """argparse type: a writable directory, or one that can be created (its nearest existing
-    ancestor is a writable directory)."""
+def _directory_problem(text: str) -> str | None:
+    """Why ``text`` cannot be (or become) a writable directory, None when it can: it is one,
+    or its nearest existing ancestor is a writable directory."""
     path = os.path.abspath(text)
     at = path
     while not os.path.exists(at):
         at = os.path.dirname(at)
     if not os.path.isdir(at):
-        why = "a file" if at == path else f"{at} is a file"
-    elif not os.access(at, os.W_OK | os.X_OK):
-        why = "not writable" if at == path else f"cannot create it in {at}: not writable"
-    else:
+        return "a file" if at == path else f"{at} is a file"
+    if not os.access(at, os.W_OK | os.X_OK):
+        return "not writable" if at == path else f"cannot create it in {at}: not writable"
+    return None
+
+
+def log_directory(text: str) -> str:
+    """argparse type: a writable directory, or one that can be created (its nearest existing
+    ancestor is a writable directory)."""
+    why = _directory_problem(text)
+    if why is None:
         return text
     raise argparse.ArgumentTypeError(f"expected a directory, got {text!r} ({why})")
 
 
 def output_directory(text: str) -> str:
     """argparse type: a directory to write files into at the end of a run, checked before it
-    starts (not created): a writable directory, or one that can be created (its nearest
-    existing ancestor is a writable directory)."""
-    path = os.path.abspath(text)
-    at = path
-    while not os.path.exists(at):
-        at = os.path.dirname(at)
-    if not text:
-        why = "empty"
-    elif not os.path.isdir(at):
-        why = "a file" if at == path else f"{at} is a file"
-    elif not os.access(at, os.W_OK | os.X_OK):
-        why = "not writable" if at == path else f"cannot create it in {at}: not writable"
-    else:
+    starts (not created): a writable directory, or one that can be created."""
+    why = "empty" if not text else _directory_problem(text)
+    if why is None:
         return text
     raise argparse.ArgumentTypeError(f"expected a directory to write, got {text!r} ({why})")
 

@@ -107,6 +107,21 @@ async def test_curl_large_upload_gets_its_continue(tmp_path):
         assert orjson.loads(out)["sha256"] == hashlib.sha256(body).hexdigest()
 
 
+async def expect_with_key(port: int, body: bytes, key: str) -> bytes:
+    """Headers with ``Expect: 100-continue`` and ``key``; the body only after a ``100``. The
+    final answer's head, prefixed ``100+`` when a ``100 Continue`` came first."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: "
+            f"{len(body)}\r\nauthorization: Bearer {key}\r\n"
+            f"expect: 100-continue\r\n\r\n".encode())
+    first = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 3.0)
+    if first.startswith(b"HTTP/1.1 100"):
+        w.write(body)
+        first = b"100+" + await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5.0)
+    w.close()
+    return first
+
+
 @run_async
 async def test_a_refused_key_or_limit_is_answered_instead_of_the_continue():
     async with cluster(fbs=[FB(behave=echo_sha)], api_keys=[{"name": "a", "key": "sk-a"}],
@@ -114,18 +129,9 @@ async def test_a_refused_key_or_limit_is_answered_instead_of_the_continue():
         body = body_of(100_000)
 
         async def expect(key: str) -> bytes:
-            r, w = await asyncio.open_connection("127.0.0.1", gw.port)
-            w.write(f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: "
-                    f"{len(body)}\r\nauthorization: Bearer {key}\r\n"
-                    f"expect: 100-continue\r\n\r\n".encode())
-            first = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 3.0)
-            if first.startswith(b"HTTP/1.1 100"):
-                w.write(body)
-                first = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5.0)
-            w.close()
-            return first
+            return await expect_with_key(gw.port, body, key)
         assert (await expect("sk-wrong")).startswith(b"HTTP/1.1 401 ")   # no 100 first
-        assert (await expect("sk-a")).startswith(b"HTTP/1.1 200 ")       # 100, body, 200
+        assert (await expect("sk-a")).startswith(b"100+HTTP/1.1 200 ")   # 100, body, 200
         refused = await expect("sk-a")                                    # rpm 60: burst of 1
         assert refused.startswith(b"HTTP/1.1 429 ") and b"retry-after:" in refused.lower()
         assert len(fbs[0].log) == 1
@@ -140,17 +146,7 @@ async def test_a_wrong_key_already_refused_gets_no_continue_with_hashed_keys():
         body = body_of(10_000)
 
         async def expect(key: str) -> bytes:
-            r, w = await asyncio.open_connection("127.0.0.1", gw.port)
-            w.write(f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: "
-                    f"{len(body)}\r\nauthorization: Bearer {key}\r\n"
-                    f"expect: 100-continue\r\n\r\n".encode())
-            first = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 3.0)
-            if first.startswith(b"HTTP/1.1 100"):
-                w.write(body)
-                first = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5.0)
-                first = b"100+" + first
-            w.close()
-            return first
+            return await expect_with_key(gw.port, body, key)
         # the first time, only a derivation can tell: the body comes, then the 401
         assert (await expect("sk-wrong")).startswith(b"100+HTTP/1.1 401 ")
         # known to be wrong now: 401 instead of the 100

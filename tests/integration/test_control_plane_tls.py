@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import socket
 import ssl
@@ -21,7 +20,7 @@ import openai
 import pytest
 import trustme
 
-from tests.support.procs import free_ports, pids_matching
+from tests.support.procs import free_ports, pids_matching, read_line_with
 
 
 def _pem_pair(ca: trustme.CA, d: Path, name: str) -> tuple[Path, Path]:
@@ -77,14 +76,7 @@ nodes:
                           "--log-dir", str(tmp_path / "logs")],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        line = b""
-        deadline = time.monotonic() + 25
-        while b"motor is up" not in line and time.monotonic() < deadline:
-            r, _, _ = select.select([p.stdout], [], [], 1.0)
-            if r:
-                line = p.stdout.readline()
-                if not line:
-                    break
+        line = read_line_with(p, b"motor is up", 25)
         logs = tmp_path / "logs"
         assert b"motor is up" in line, (line, [(f.name, f.read_text()[-2000:])
                                                for f in logs.glob("*.log")])

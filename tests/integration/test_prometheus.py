@@ -11,7 +11,6 @@ import http.client
 import json
 import math
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -25,7 +24,7 @@ import pytest
 import yaml
 
 from tests.support import metrics_doc
-from tests.support.procs import free_ports
+from tests.support.procs import free_ports, read_line_with
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(300)]
 
@@ -142,14 +141,7 @@ nodes:
     prom_log = open(tmp_path / "prometheus.log", "wb")
     prom: subprocess.Popen | None = None
     try:
-        line = b""
-        deadline = time.monotonic() + 60
-        while b"motor is up" not in line and time.monotonic() < deadline:
-            r, _, _ = select.select([motor.stdout], [], [], 1.0)
-            if r:
-                line = motor.stdout.readline()
-                if not line:
-                    break
+        line = read_line_with(motor, b"motor is up", 60)
         assert b"motor is up" in line, line
         prom = subprocess.Popen([prometheus, f"--config.file={prom_cfg}",
                                  f"--storage.tsdb.path={tmp_path / 'tsdb'}",

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -13,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from tests.support.procs import free_ports, pids_matching
+from tests.support.procs import free_ports, pids_matching, read_line_with
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -34,14 +33,7 @@ nodes:
                           "--log-dir", str(tmp_path / "logs")],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        line = b""
-        deadline = time.monotonic() + 60
-        while b"motor is up" not in line and time.monotonic() < deadline:
-            r, _, _ = select.select([p.stdout], [], [], 1.0)
-            if r:
-                line = p.stdout.readline()
-                if not line:
-                    break
+        line = read_line_with(p, b"motor is up", 60)
         assert b"motor is up" in line and f":{gw}/v1".encode() in line, line
         req = urllib.request.Request(f"http://127.0.0.1:{gw}/v1/completions",
                                      data=json.dumps({"model": "motor-sim", "prompt": "hi",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -86,3 +87,18 @@ def stop(p: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def read_line_with(proc: subprocess.Popen[bytes], needle: bytes, timeout_s: float) -> bytes:
+    """Read ``proc``'s stdout line by line until one holds ``needle`` (that line), EOF or
+    ``timeout_s`` (the last line read, maybe empty)."""
+    assert proc.stdout is not None
+    line = b""
+    deadline = time.monotonic() + timeout_s
+    while needle not in line and time.monotonic() < deadline:
+        r, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if r:
+            line = proc.stdout.readline()
+            if not line:
+                break
+    return line
