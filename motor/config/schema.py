@@ -110,6 +110,38 @@ class ControlPlaneTlsConfig(_Strict):
         None, description="file holding the key's password (an encrypted key)")
 
 
+def _etcd_endpoint(value: str) -> str:
+    """``HOST:PORT`` or ``http://HOST:PORT`` of an etcd member's client URL -> ``HOST:PORT``."""
+    from urllib.parse import urlsplit
+    raw = value.strip()
+    u = urlsplit(raw if "//" in raw else "http://" + raw)
+    try:
+        port = u.port
+    except ValueError:
+        port = None
+    if u.scheme != "http" or not u.hostname or port is None or u.path not in ("", "/"):
+        raise ValueError(f"expected an etcd client address HOST:PORT or http://HOST:PORT, "
+                         f"got {value!r}")
+    host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
+    return f"{host}:{port}"
+
+
+class EtcdConfig(_Strict):
+    """The etcd cluster that holds the controllers' state and elects their leader
+    (docs/control-plane.md, "Controller HA on etcd")."""
+    endpoints: list[Annotated[str, AfterValidator(_etcd_endpoint)]] = Field(
+        ..., min_length=1, description="client addresses of the etcd members, `HOST:PORT` or "
+                                       "`http://HOST:PORT`; tried in turn")
+    prefix: str = Field("/motor", min_length=1, pattern=r"^/[A-Za-z0-9_./-]*$",
+                        description="key prefix of this cluster in etcd (several clusters can "
+                                    "share one etcd with different prefixes)")
+    lease_ttl_s: int = Field(2, ge=2, le=60,
+                             description="TTL of the leader's lease in seconds (etcd's minimum "
+                                         "is 2): a leader that dies or loses etcd is replaced "
+                                         "within about this long; it renews every TTL / 3")
+    timeout_s: float = Field(1.0, gt=0, le=30, description="timeout of one etcd request")
+
+
 class ControllerConfig(_Strict):
     """Where the controller listens and how it judges heartbeats."""
     host: Host = Field("127.0.0.1", description="listen address: an IP address or a DNS host name")
@@ -125,6 +157,23 @@ class ControllerConfig(_Strict):
     tls: ControlPlaneTlsConfig | None = Field(
         None, description="mTLS on the control plane (the controller's port, the node managers' "
                           "management APIs, every client of them); null = plain HTTP")
+    etcd: EtcdConfig | None = Field(
+        None, description="controller HA: several controllers share their state in etcd and "
+                          "elect one leader by lease; null = one controller, state in memory")
+    advertise_host: Host | None = Field(
+        None, description="the address other components reach this controller at (published "
+                          "as the leader's address); null = `host` (required when `host` is "
+                          "0.0.0.0 or ::); `motor controller --advertise-host` overrides")
+    peers: list[str] = Field(
+        default_factory=list,
+        description="URLs of every controller (`http://HOST:PORT`, or one Service name that "
+                    "reaches any of them): node managers, coordinators and `motor ctl` try them "
+                    "in turn and follow the leader; empty = the one at `host`:`port`")
+
+    @property
+    def urls(self) -> list[str]:
+        """The controllers' URLs a client tries: ``peers``, else ``[url]``."""
+        return list(self.peers) if self.peers else [self.url]
 
     @property
     def url(self) -> str:

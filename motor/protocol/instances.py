@@ -22,7 +22,8 @@ Compatibility: every field added after v1 is optional with a default, and unknow
 ignored (``extra="ignore"``), so old and new controllers / node managers talk to each other.
 Added for issue 8: ``InstanceSpec.dp_size / tp_size / kv_transfer / metaserver``,
 ``NodeRegistration.mgmt_port``, ``Heartbeat.engines`` (per-instance engine health incl. the
-virtual-inference probe) and ``Heartbeat.npu`` (per-chip NPU sample).
+virtual-inference probe) and ``Heartbeat.npu`` (per-chip NPU sample). Added for issue 14: states ``draining`` and
+``stopped``, ``Heartbeat.draining / stopped``.
 
 Heartbeat semantics: ``health[id] = true`` -> ``ready``; ``false`` -> ``unhealthy`` for a
 ``ready`` instance while a ``starting`` one stays ``starting`` (the engine is still coming
@@ -38,10 +39,15 @@ from motor.config.schema import EngineKind, Role
 
 
 class InstanceState(str, Enum):
-    """Instance states (``starting -> ready <-> unhealthy -> removed``)."""
+    """Instance states (``starting -> ready <-> unhealthy -> removed``; an operator's
+    ``drain`` -> ``draining -> stopped``, ``start`` -> ``starting``). Only ``ready`` routes."""
     STARTING = "starting"
     READY = "ready"
     UNHEALTHY = "unhealthy"
+    #: an operator asked for a drain: no new request, in-flight ones finish, then it stops
+    DRAINING = "draining"
+    #: stopped on purpose (drain finished, or an operator's stop); not an alert
+    STOPPED = "stopped"
     REMOVED = "removed"
 
 
@@ -172,6 +178,10 @@ class Heartbeat(_Wire):
     engines: dict[str, EngineHealth] = Field(default_factory=dict)
     #: the node's NPU chips (empty without npu-smi)
     npu: list[NpuChip] = Field(default_factory=list)
+    #: instances being drained on an operator's request (no new requests; they stop once idle)
+    draining: list[str] = Field(default_factory=list)
+    #: instances stopped on an operator's request (drain finished, or stop): not restarted
+    stopped: list[str] = Field(default_factory=list)
 
 
 class InstanceTable(_Wire):
