@@ -127,6 +127,25 @@ def http_url(text: str) -> str:
     return text
 
 
+def http_urls(text: str) -> str:
+    """argparse type: one or several (comma-separated) ``http(s)://HOST:PORT`` URLs: every
+    controller of an HA set (clients follow the leader)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not any(parts):
+        raise argparse.ArgumentTypeError(f"expected a URL http://HOST:PORT (or several, "
+                                         f"comma-separated), got {text!r}")
+    for p in parts:
+        if not p:
+            continue
+        try:
+            http_url(p)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"expected URLs http://HOST:PORT or https://HOST:PORT, comma-separated, got "
+                f"{p!r} in {text!r}") from None
+    return ",".join(p for p in parts if p)
+
+
 def base_url(text: str) -> str:
     """argparse type: ``http[s]://HOST[:PORT][/PATH]`` (a server's base URL)."""
     ok, _path = _url_parts(text, ("http", "https"))
@@ -205,10 +224,11 @@ def output_directory(text: str) -> str:
 HELP_CONFIG = "cluster config file, YAML or JSON"
 HELP_HOST = "address to listen on"
 HELP_PORT = "port to listen on"
-HELP_CONTROLLER = "the controller's URL, http://HOST:PORT (https://HOST:PORT with controller.tls)"
+HELP_CONTROLLER = ("the controller's URL, http://HOST:PORT (https://HOST:PORT with controller.tls); "
+                   "several controllers (HA) comma-separated: the leader is followed")
 HELP_LOG_DIR = "directory of the log files"
 CONFIG_DEFAULT = "the embedded default config"
-CONTROLLER_DEFAULT = "controller.host and controller.port of the config"
+CONTROLLER_DEFAULT = "controller.peers of the config, else controller.host and controller.port"
 
 
 def _help(head: str, what: str, default: str | None, sep: str = "; ") -> str:
@@ -250,7 +270,7 @@ def add_port_option(p: argparse._ActionsContainer, default: int | str, *, any_fr
 
 def add_controller_option(p: argparse._ActionsContainer, what: str) -> argparse.Action:
     """``--controller URL``; ``what``: what the command does with it."""
-    return p.add_argument("--controller", metavar="URL", type=http_url, default=None,
+    return p.add_argument("--controller", metavar="URL[,URL...]", type=http_urls, default=None,
                           help=_help(HELP_CONTROLLER, what, CONTROLLER_DEFAULT))
 
 

@@ -14,12 +14,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Run the controller: node managers register their engine instances and heartbeat "
         "here; coordinators long-poll GET /v1/instances for the versioned instance table. "
         "API: POST /v1/nodes/register, /v1/nodes/heartbeat, /v1/nodes/deregister; "
-        "GET /v1/instances?after=V&timeout=S, /v1/nodes, /health, /readiness, /metrics. "
+        "GET /v1/instances?after=V&timeout=S, /v1/nodes, /health, /readiness, /metrics; "
+        "POST /v1/instances/ID/{drain,stop,start,restart} (lifecycle). With controller.etcd, "
+        "several controllers elect one leader; the others redirect to it (307). "
         "Stops cleanly (exit status 0) on SIGTERM or SIGINT.")
     add_config_option(parser, "its controller section gives the address and the heartbeat "
                               "timeouts")
     add_host_option(parser, "controller.host of the config")
     add_port_option(parser, "controller.port of the config", any_free=True)
+    parser.add_argument("--advertise-host", default=None, metavar="HOST",
+                        help="the address others reach this controller at, published as the "
+                             "leader's address with controller.etcd (default: "
+                             "controller.advertise_host, else the listen host)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -35,7 +41,19 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return fail("controller", e)
     try:
-        return run_controller(cfg.controller, args.host, args.port)
+        if args.advertise_host is not None:
+            from motor.config.schema import valid_host
+            try:
+                valid_host(args.advertise_host)
+            except ValueError as e:
+                return fail("controller", f"--advertise-host: {e}")
+        elif cfg.controller.etcd is not None and cfg.controller.advertise_host is None and \
+                (args.host or cfg.controller.host) in ("0.0.0.0", "::"):
+            return fail("controller", "controller.advertise_host: expected the address others "
+                                      "reach this controller at (the listen host is a wildcard "
+                                      "and controller.etcd is set; or give --advertise-host), "
+                                      "got null")
+        return run_controller(cfg.controller, args.host, args.port, args.advertise_host)
     except ListenError as e:
         if e.bad_host:
             field = "--host" if args.host is not None else "controller.host"

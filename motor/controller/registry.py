@@ -13,9 +13,23 @@ with the instance id and the reason)::
     unhealthy --node still silent, unhealthy for remove_after_s--> removed (dropped)
     any       --deregister / left out of a new registration--> removed (dropped)
 
+Operator actions (:meth:`Registry.act`, the lifecycle API) set the state at once and hold it
+until the node manager's heartbeats acknowledge the action::
+
+    drain / restart(drain) -> draining   (until the id is in the heartbeat's draining / stopped)
+    stop / restart(no drain) -> stopped  (until the id is in the heartbeat's stopped)
+    start -> starting                    (until the id is in neither list)
+    heartbeat stopped=[id] -> stopped    heartbeat draining=[id] -> draining
+    after a start / restart is acknowledged, "not healthy" means starting, not unhealthy
+
 ``removed`` instances leave the table; the state exists for logs and metrics only.
 
-A restarted controller starts empty and learns the nodes again as their node managers
+With etcd (:mod:`motor.controller.ha`), every change marks the nodes it touched dirty
+(:meth:`Registry.take_dirty`) and the leader writes their records (:meth:`Registry.node_record`)
+in one fenced transaction; a new leader rebuilds the registry from them
+(:meth:`Registry.restore`).
+
+Without etcd, a restarted controller starts empty and learns the nodes again as their node managers
 heartbeat (``known: false`` -> they register again). So for its first ``warmup_s`` (default
 ``heartbeat_timeout_s``: by then every live node manager has heartbeated) a long poll from a
 follower of another incarnation (``after`` is a version this registry never published:
@@ -47,18 +61,30 @@ class RegistryConflict(ValueError):
     """A registration names an instance id that another node owns."""
 
 
+class UnknownInstance(KeyError):
+    """An operator action names an instance the registry does not hold."""
+
+
+#: operator actions (:meth:`Registry.act`)
+ACTIONS = ("drain", "stop", "start", "restart")
+
+
 @dataclass
 class _Node:
     name: str
     host: str
     last_heartbeat: float
     instance_ids: list[str] = field(default_factory=list)
+    mgmt_port: int | None = None
 
 
 @dataclass
 class _Entry:
     inst: Instance
     since: float  #: clock time of the last state change
+    #: an operator action not yet acknowledged by a heartbeat (``drain``, ``stop``, ``start``,
+    #: ``restart``), or ``started`` / ``restarted``: acknowledged, not healthy yet
+    admin: str | None = None
 
 
 @dataclass
@@ -102,6 +128,8 @@ class Registry:
         self._entries: dict[str, _Entry] = {}
         self._event: asyncio.Event | None = None
         self._table_cache: InstanceTable | None = None
+        #: nodes whose record changed since the last :meth:`take_dirty`
+        self._dirty: set[str] = set()
         #: called with each batch of transitions after a commit (metrics, persistence)
         self.listeners: list[Callable[[list[Transition]], None]] = []
 
@@ -133,10 +161,85 @@ class Registry:
 
     def nodes(self) -> list[dict[str, object]]:
         now = self.clock()
-        return [{"node": n.name, "host": n.host,
+        return [{"node": n.name, "host": n.host, "mgmt_port": n.mgmt_port,
                  "last_heartbeat_age_s": round(now - n.last_heartbeat, 3),
                  "instances": list(n.instance_ids)}
                 for _, n in sorted(self._nodes.items())]
+
+    def node_of(self, instance_id: str) -> tuple[str, str, int | None]:
+        """``(node, host, mgmt_port)`` of the node holding ``instance_id``.
+
+        Raises
+        ------
+        UnknownInstance
+            no such instance.
+        """
+        e = self._entries.get(instance_id)
+        if e is None or e.inst.node not in self._nodes:
+            raise UnknownInstance(instance_id)
+        n = self._nodes[e.inst.node]
+        return n.name, n.host, n.mgmt_port
+
+    # ------------------------------------------------------------ persistence
+    def node_record(self, name: str) -> dict[str, object] | None:
+        """The JSON-ready record of node ``name`` (None once it is gone): host, management
+        port, and its instances with state, reason and pending operator action."""
+        n = self._nodes.get(name)
+        if n is None:
+            return None
+        insts = []
+        for iid in n.instance_ids:
+            e = self._entries.get(iid)
+            if e is not None:
+                insts.append({"instance": e.inst.model_dump(mode="json"), "admin": e.admin})
+        return {"node": n.name, "host": n.host, "mgmt_port": n.mgmt_port, "instances": insts}
+
+    def take_dirty(self) -> set[str]:
+        """The nodes changed since the last call (and forget them)."""
+        out, self._dirty = self._dirty, set()
+        return out
+
+    def mark_dirty(self, names: set[str]) -> None:
+        """Put back nodes whose write failed (the next write carries them)."""
+        self._dirty |= names
+
+    def restore(self, records: list[dict[str, object]], version: int) -> None:
+        """Replace the registry with the node records a previous leader wrote; every node
+        counts as just heard from (its heartbeats reach this controller within one interval).
+        The version continues above ``version``.
+
+        Raises
+        ------
+        ValueError
+            a record that does not validate (the message names the node).
+        """
+        now = self.clock()
+        nodes: dict[str, _Node] = {}
+        entries: dict[str, _Entry] = {}
+        for rec in records:
+            name = str(rec.get("node"))
+            raw_insts = rec.get("instances", [])
+            try:
+                if not isinstance(raw_insts, list):
+                    raise TypeError(f"instances: expected a list, got {type(raw_insts).__name__}")
+                insts = [(Instance.model_validate(i["instance"]), i.get("admin"))
+                         for i in raw_insts]
+            except Exception as e:
+                raise ValueError(f"node record {name!r} in etcd does not validate: {e}") from e
+            mp = rec.get("mgmt_port")
+            nodes[name] = _Node(name, str(rec.get("host")), now, [i.id for i, _ in insts],
+                                mp if isinstance(mp, int) else None)
+            for inst, admin in insts:
+                entries[inst.id] = _Entry(inst, now, admin if admin in _ADMIN_STATES else None)
+        self._nodes, self._entries = nodes, entries
+        self.version = self.initial_version = max(self.version, version + 1)
+        self._table_cache = None
+        self._dirty.clear()
+        logger.info("registry restored from etcd: %d node(s), %d instance(s), version %d",
+                    len(nodes), len(entries), self.version)
+        if self._event is not None:
+            self._event.set()
+            self._event = None
 
     # ---------------------------------------------------------------- mutations
     def register(self, reg: NodeRegistration) -> int:
@@ -169,7 +272,8 @@ class Registry:
             self._entries[s.id] = _Entry(
                 Instance(**s.model_dump(), node=reg.node, state=state, reason=reason), now)
             changes.append(Transition(s.id, prev.inst.state if prev else None, state, reason))
-        self._nodes[reg.node] = _Node(reg.node, reg.host, now, ids)
+        self._nodes[reg.node] = _Node(reg.node, reg.host, now, ids, reg.mgmt_port)
+        self._dirty.add(reg.node)
         logger.info("node %s registered (%s) with %d instance(s)", reg.node, reg.host, len(ids))
         return self._commit(changes, force=True)
 
@@ -181,7 +285,7 @@ class Registry:
         now = self.clock()
         node.last_heartbeat = now
         changes: list[Transition] = []
-        failed = set(hb.failed)
+        failed, draining, stopped = set(hb.failed), set(hb.draining), set(hb.stopped)
         for iid in node.instance_ids:
             e = self._entries.get(iid)
             if e is None:
@@ -189,27 +293,77 @@ class Registry:
             healthy = hb.health.get(iid)
             detail = hb.reasons.get(iid)
             cur = e.inst.state
-            if iid in failed:
+            admin = e.admin
+            held = iid in draining or iid in stopped
+            if admin in ACTIONS:
+                acked = {"drain": held, "stop": iid in stopped, "start": not held,
+                         "restart": held or healthy is False}[admin]
+                if not acked:
+                    continue  # the heartbeat predates the action: the operator's state holds
+                e.admin = _ACKED[admin]
+                self._dirty.add(node.name)
+            elif admin == "restarting" and not held:
+                e.admin = "started"   # back up: not healthy = still starting
+                self._dirty.add(node.name)
+            if iid in stopped:
+                new, why = InstanceState.STOPPED, "stopped by an operator"
+                detail = None
+            elif iid in draining:
+                new, why = InstanceState.DRAINING, "draining on an operator's request"
+                detail = None
+            elif iid in failed:
                 new, why = InstanceState.UNHEALTHY, "node manager gave up on the engine"
             elif healthy is None:
                 continue  # no word on this instance
             elif healthy:
                 new, why = InstanceState.READY, "engine healthy"
-            elif cur is InstanceState.STARTING:
-                continue
+                if e.admin is not None:
+                    e.admin = None
+                    self._dirty.add(node.name)
+            elif cur in (InstanceState.STARTING, InstanceState.STOPPED) or e.admin == "started":
+                new, why = InstanceState.STARTING, "engine starting"
             else:
                 new, why = InstanceState.UNHEALTHY, "engine unhealthy"
             if detail:
                 why = f"{why}: {detail}"
             if new is not cur:
                 changes.append(self._set(e, new, why, now))
+                self._dirty.add(node.name)
         return True, self._commit(changes)
+
+    def act(self, instance_id: str, action: str, drain: bool = True) -> int:
+        """Record an operator's ``action`` on ``instance_id`` (the lifecycle API; the server
+        then tells the node manager) and set the state it implies at once; returns the version.
+
+        Raises
+        ------
+        UnknownInstance
+            no such instance.
+        ValueError
+            ``action`` is not one of :data:`ACTIONS`.
+        """
+        if action not in ACTIONS:
+            raise ValueError(f"action: expected one of {', '.join(ACTIONS)}, got {action!r}")
+        e = self._entries.get(instance_id)
+        if e is None:
+            raise UnknownInstance(instance_id)
+        if action == "restart" and not drain:
+            state = InstanceState.STOPPED
+        else:
+            state = {"drain": InstanceState.DRAINING, "restart": InstanceState.DRAINING,
+                     "stop": InstanceState.STOPPED, "start": InstanceState.STARTING}[action]
+        e.admin = action
+        self._dirty.add(e.inst.node)
+        why = f"operator: {action}" + ("" if drain or action != "restart" else " (no drain)")
+        changes = [self._set(e, state, why, self.clock())] if state is not e.inst.state else []
+        return self._commit(changes, force=True)
 
     def deregister(self, node: str) -> tuple[bool, int]:
         """Remove ``node`` and its instances; returns ``(known, version)``."""
         n = self._nodes.pop(node, None)
         if n is None:
             return False, self.version
+        self._dirty.add(node)
         changes = [self._drop(iid, "node deregistered") for iid in n.instance_ids
                    if iid in self._entries]
         logger.info("node %s deregistered", node)
@@ -230,6 +384,7 @@ class Registry:
                 if e is None:
                     continue
                 if e.inst.state is not InstanceState.UNHEALTHY:
+                    self._dirty.add(name)
                     changes.append(self._set(e, InstanceState.UNHEALTHY, _NO_HEARTBEAT, now,
                                              detail=f"{silent:.1f} s"))
                 elif now - e.since >= self.remove_after_s and \
@@ -237,12 +392,20 @@ class Registry:
                     changes.append(self._drop(
                         iid, f"unhealthy and no heartbeat for {self.remove_after_s:g} s"))
                     node.instance_ids.remove(iid)
+                    self._dirty.add(name)
             if not node.instance_ids and silent >= self.heartbeat_timeout_s + self.remove_after_s:
                 del self._nodes[name]
+                self._dirty.add(name)
                 logger.info("node %s forgotten: no heartbeat for %.1f s", name, silent)
         return self._commit(changes)
 
     # ---------------------------------------------------------------- watching
+    def wake(self) -> None:
+        """Wake every long poll waiting now (they answer with the table as it is)."""
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
     def warmup_left(self) -> float:
         """Seconds of the warm-up left (0 once over)."""
         return max(0.0, self.started + self.warmup_s - self.clock())
@@ -302,3 +465,7 @@ class Registry:
 
 
 _NO_HEARTBEAT = "no heartbeat from the node"
+#: what a pending action becomes once a heartbeat acknowledges it
+_ACKED: dict[str, str | None] = {"drain": None, "stop": None, "start": "started",
+                                 "restart": "restarting"}
+_ADMIN_STATES = (*ACTIONS, "started", "restarting")

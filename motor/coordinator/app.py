@@ -84,7 +84,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                                 c.health_failures)
         coord.ready_source = source.synced
     elif shm is None:
-        source = ControllerWatcher(table, controller_url or cfg.controller.url,
+        source = ControllerWatcher(table, controller_url or ",".join(cfg.controller.urls),
                                    models_interval_s=c.health_check_interval_s,
                                    models_timeout_s=c.health_check_timeout_s,
                                    tls=cfg.controller.tls)
@@ -115,7 +115,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     server.expect_check = coord.expect_check
     port = await server.listen(c.host, c.port, reuse_port=reuse_port, tls=server_tls)
     mode = f"standalone, {len(backends)} backend(s)" if backends else \
-        f"following controller {controller_url or cfg.controller.url}"
+        f"following controller {controller_url or ', '.join(cfg.controller.urls)}"
     logger.info("coordinator worker %d listening on %s://%s:%d (%s, mode=%s, policy=%s)",
                 worker_index, "https" if server_tls else "http", c.host, port, mode,
                 c.mode.value, policy.name)

@@ -133,8 +133,13 @@ def main(args: argparse.Namespace) -> int:
         check_edge(cfg.coordinator, os.environ.get("MOTOR_API_KEYS", ""),
                    any(is_https(b) for b in args.backend))
         if not args.backend:   # controller mode: its URL's scheme and controller.tls's files
+            from motor.control_link import controller_urls
             from motor.control_tls import check, controller_endpoint
-            controller_endpoint(args.controller or cfg.controller.url, cfg.controller.tls)
+            urls = controller_urls(args.controller or cfg.controller.urls)
+            if not urls:
+                raise ConfigError("--controller: expected at least one controller URL, got none")
+            for u in urls:
+                controller_endpoint(u, cfg.controller.tls)
             check(cfg.controller.tls)
         from motor.coordinator.server import Coordinator  # noqa: F401
     except (ConfigError, ValueError) as e:

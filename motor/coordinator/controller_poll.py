@@ -6,7 +6,10 @@ multi-worker one (:class:`motor.coordinator.feed.Feed`).
 Wire format: ``GET /v1/instances?after=<version>&timeout=<s>`` of the controller's HTTP
 API, answered with an :class:`~motor.protocol.instances.InstanceTable` (JSON); see
 :mod:`motor.protocol.instances` for the long-poll semantics (a version lower than
-``after`` means the controller restarted: its table is taken as is).
+``after`` means the controller restarted: its table is taken as is). With several controllers (``controller.peers``
+or a comma-separated ``--controller``) the poll goes to the leader through
+:class:`motor.control_link.ControllerLink` (a follower's 307 is followed, an unreachable
+controller is skipped); while none answers, the last table stays in force.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from motor.protocol.instances import InstanceTable
 
 if TYPE_CHECKING:
     from motor.config.schema import ControlPlaneTlsConfig
-    from motor.http.client import Client
+    from motor.control_link import ControllerLink
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +50,12 @@ def controller_address(url: str) -> tuple[str, int]:
     return u.hostname, u.port or (443 if u.scheme == "https" else 80)
 
 
-def controller_client(url: str, tls: ControlPlaneTlsConfig | None,
+def controller_client(urls: str, tls: ControlPlaneTlsConfig | None,
                       max_connections_per_endpoint: int, connect_timeout_s: float,
-                      ) -> tuple[Client, str, int]:
-    """A client for the controller at ``url`` and its (host, port): with ``controller.tls``
-    (``tls``) it speaks mTLS to the controller (:mod:`motor.control_tls`), plain HTTP to
-    every other endpoint (the engines' ``/v1/models``).
+                      ) -> ControllerLink:
+    """A link to the controllers at ``urls`` (comma-separated) over a new client: with
+    ``controller.tls`` (``tls``) it speaks mTLS to the controllers (:mod:`motor.control_tls`),
+    plain HTTP to every other endpoint (the engines' ``/v1/models``: ``link.client``).
 
     Raises
     ------
@@ -60,22 +63,20 @@ def controller_client(url: str, tls: ControlPlaneTlsConfig | None,
         a scheme that does not fit ``tls`` (:func:`motor.control_tls.controller_endpoint`),
         a TLS file that is missing or does not load.
     """
-    from motor.control_tls import client_context, controller_endpoint
+    from motor.control_link import ControllerLink
+    from motor.control_tls import client_context
     from motor.http.client import Client
-    host, port, https = controller_endpoint(url, tls)
     client = Client(max_connections_per_endpoint=max_connections_per_endpoint,
                     connect_timeout_s=connect_timeout_s,
                     tls=client_context(tls) if tls is not None else None)
-    if https:
-        client.use_tls(host, port)
-    return client, host, port
+    return ControllerLink(urls, client, tls)
 
 
-async def follow_controller(client: Client, host: str, port: int,
+async def follow_controller(link: ControllerLink,
                             on_table: Callable[[InstanceTable], None],
                             synced: asyncio.Event | None = None,
                             poll_timeout_s: float = 10.0, who: str = "") -> None:
-    """Long-poll ``host:port`` for ever (until cancelled).
+    """Long-poll the leading controller of ``link`` for ever (until cancelled).
 
     ``on_table(table)`` gets the first table answered and then each one whose version
     differs from the last one passed (any difference: a lower version is a restarted
@@ -96,7 +97,7 @@ async def follow_controller(client: Client, host: str, port: int,
     while True:
         path = f"/v1/instances?after={version or 0}&timeout={poll_timeout_s:g}"
         try:
-            status, body = await client.get_json_bytes(host, port, path, poll_timeout_s + 5.0)
+            status, body = await link.request("GET", path, None, poll_timeout_s + 5.0)
             if status != 200:
                 raise ConnectionError(f"controller answered {status}")
             table = InstanceTable.model_validate(orjson.loads(body))
@@ -105,13 +106,13 @@ async def follow_controller(client: Client, host: str, port: int,
         except Exception as e:  # noqa: BLE001 - any failure: log once per outage, retry
             if down_since is None:
                 down_since = time.monotonic()
-                logger.warning("%scontroller %s:%d unreachable (%s); keeping the last instance "
-                               "table (version %d) and retrying", who, host, port,
+                logger.warning("%scontroller %s unreachable (%s); keeping the last instance "
+                               "table (version %d) and retrying", who, ", ".join(link.urls),
                                _describe(e), version or 0)
             await asyncio.sleep(RETRY_S)
             continue
         if down_since is not None:
-            logger.info("%scontroller reachable again after %.1f s", who,
+            logger.info("%scontroller %s reachable again after %.1f s", who, link.url,
                         time.monotonic() - down_since)
             down_since = None
         if version is None or table.version != version:

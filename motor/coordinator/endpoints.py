@@ -516,7 +516,8 @@ class ControllerWatcher:
     def __init__(self, table: EndpointTable, controller_url: str, poll_timeout_s: float = 10.0,
                  models_interval_s: float = 1.0, models_timeout_s: float = 2.0,
                  tls: ControlPlaneTlsConfig | None = None) -> None:
-        self.client, self.host, self.port = controller_client(controller_url, tls, 4, 2.0)
+        self.link = controller_client(controller_url, tls, 4, 2.0)
+        self.client = self.link.client
         self.table = table
         self.poll_timeout_s = poll_timeout_s
         self.synced = asyncio.Event()
@@ -526,8 +527,7 @@ class ControllerWatcher:
     async def run(self) -> None:
         reread = asyncio.ensure_future(self.models.run())
         try:
-            await follow_controller(self.client, self.host, self.port, self._apply,
-                                    self.synced, self.poll_timeout_s)
+            await follow_controller(self.link, self._apply, self.synced, self.poll_timeout_s)
         finally:
             reread.cancel()
 

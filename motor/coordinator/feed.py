@@ -233,7 +233,7 @@ class Feed:
         self.load = load
         self.out = [_Outbox(w, h) for w, h in rings]
         self.static_keys = static_keys
-        self.controller_url = controller_url or cfg.controller.url
+        self.controller_url = controller_url or ",".join(cfg.controller.urls)
         self.slots: dict[str, tuple[int, int]] = {}
         self._free = list(range(load.n_slots - 1, -1, -1))
         # a restarted feed does not know what a previous one assigned: every generation moves
@@ -394,12 +394,11 @@ class Feed:
         into :meth:`apply_table`; the workers keep the last table while it is away."""
         from motor.coordinator.controller_poll import controller_client, follow_controller
         # mTLS to the controller with controller.tls (an https:// URL)
-        client, host, port = controller_client(self.controller_url, self.cfg.controller.tls,
-                                               2, 2.0)
+        link = controller_client(self.controller_url, self.cfg.controller.tls, 2, 2.0)
         try:
-            await follow_controller(client, host, port, self.apply_table, who="feed: ")
+            await follow_controller(link, self.apply_table, who="feed: ")
         finally:
-            client.close()
+            link.client.close()
 
     def apply_table(self, table: InstanceTable) -> None:
         """A new instance table: its endpoints (instances not ``removed``; ready while

@@ -54,10 +54,12 @@ def main(args: argparse.Namespace) -> int:
                 raise OptionError("--node", f"expected one of the config's nodes "
                                             f"({', '.join(names)}), got {args.node!r}")
             node = matches[0]
-        url = args.controller or cfg.controller.url
-        parse_url(url)
+        url = args.controller or ",".join(cfg.controller.urls)
+        from motor.control_link import controller_urls
         from motor.control_tls import check, controller_endpoint
-        controller_endpoint(url, cfg.controller.tls)   # a scheme that does not fit controller.tls
+        for u in controller_urls(url):
+            parse_url(u)
+            controller_endpoint(u, cfg.controller.tls)   # a scheme that does not fit controller.tls
         check(cfg.controller.tls)   # a bad certificate file: exit 2 before anything starts
         from motor.node_manager.engines import plan_node
         plan_node(node, cfg)  # bad engine_config -> error before anything starts

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from motor.config.schema import KvRoutingConfig
+from motor.control_link import ControllerLink
 from motor.coordinator import controller_poll, probes
 from motor.coordinator.kv.router import KvRouter
 from motor.coordinator.metrics import render_metrics
@@ -83,8 +84,9 @@ def test_follow_controller_applies_new_versions_and_sets_synced(monkeypatch):
                                  _table(1), _table(1), _table(3), _table(2)])
         seen: list[int] = []
         synced = asyncio.Event()
+        link = ControllerLink("http://h:1", client)  # type: ignore[arg-type]
         task = asyncio.ensure_future(controller_poll.follow_controller(
-            client, "h", 1, lambda t: seen.append(t.version), synced, 10.0))  # type: ignore[arg-type]
+            link, lambda t: seen.append(t.version), synced, 10.0))
         await asyncio.wait_for(synced.wait(), 2)
         while client.script:
             await asyncio.sleep(0)

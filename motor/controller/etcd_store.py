@@ -1,0 +1,242 @@
+"""The controllers' shared state in etcd: one client over the members, leader lease, fenced writes.
+
+Client: `aetcd <https://github.com/martyanov/aetcd>`_ (asyncio over grpc.aio, etcd's v3 gRPC
+API). aetcd talks to one member; :class:`EtcdSession` keeps a list of the members' client
+addresses (``controller.etcd.endpoints``) and moves to the next one when a request fails on a
+connection error or a timeout, so one stopped member costs one request's timeout.
+
+Keys under ``controller.etcd.prefix`` (``P``)::
+
+    P/leader          {"id": str, "url": str, "since": float}   attached to the leader's lease
+    P/version         the instance table's last version (decimal)
+    P/nodes/<name>    one node's record (Registry.node_record: host, management port, its
+                      instances with their states and operator actions), JSON
+
+Every write of the registry is one transaction that compares ``create_revision(P/leader)``
+with the revision at which this controller created the key when it was elected: once the
+lease has expired (or another controller won the key), the comparison fails and nothing is
+written (fencing: a deposed leader's writes fail). Wire facts: etcd's v3 API (``Txn`` with
+``Compare{target: CREATE}``, ``LeaseGrant`` / ``LeaseKeepAlive``; a keep-alive of an expired
+lease answers ``TTL <= 0``), https://etcd.io/docs/v3.4/learning/api/.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from motor.config.schema import EtcdConfig
+
+logger = logging.getLogger(__name__)
+
+
+class EtcdUnavailable(ConnectionError):
+    """No etcd member answered (every endpoint failed or timed out)."""
+
+
+class NotLeader(RuntimeError):
+    """A fenced write failed: this controller's leader key is gone or belongs to another."""
+
+
+def _is_transport_error(e: BaseException) -> bool:
+    import aetcd
+    return isinstance(e, (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError,
+                          aetcd.InternalError, TimeoutError, OSError)) or (
+        isinstance(e, aetcd.ClientError) and "unavailable" in str(e).lower())
+
+
+class EtcdSession:
+    """aetcd over several members, with failover to the next member.
+
+    Parameters
+    ----------
+    config : EtcdConfig
+        ``endpoints`` (``HOST:PORT``), ``prefix``, ``timeout_s`` (per request).
+    """
+
+    def __init__(self, config: EtcdConfig) -> None:
+        self.config = config
+        self.prefix = config.prefix.rstrip("/")
+        self.endpoints = list(config.endpoints)
+        self._i = 0
+        self._client: Any = None
+        self.leader_key = f"{self.prefix}/leader".encode()
+        self.version_key = f"{self.prefix}/version".encode()
+        self.nodes_prefix = f"{self.prefix}/nodes/".encode()
+
+    @property
+    def endpoint(self) -> str:
+        """``HOST:PORT`` of the member in use now."""
+        return self.endpoints[self._i]
+
+    def node_key(self, name: str) -> bytes:
+        return self.nodes_prefix + name.encode()
+
+    async def _connected(self) -> Any:
+        if self._client is None:
+            import aetcd
+            host, _, port = self.endpoint.rpartition(":")
+            self._client = aetcd.Client(host=host.strip("[]"), port=int(port),
+                                        timeout=self.config.timeout_s)
+            await self._client.connect()
+        return self._client
+
+    async def _drop(self) -> None:
+        c, self._client = self._client, None
+        if c is not None:
+            try:
+                await asyncio.wait_for(c.close(), 1.0)
+            except Exception:  # noqa: BLE001 - closing a broken channel: nothing to do
+                pass
+
+    async def call(self, op: str, *args: Any, wait_s: float | None = None, **kwargs: Any) -> Any:
+        """``aetcd.Client.<op>(*args, **kwargs)`` on the current member; on a transport failure
+        the next members are tried once each. ``wait_s``: how long one try may take (default
+        ``timeout_s`` + 0.5 s; a watch waits longer).
+
+        Raises
+        ------
+        EtcdUnavailable
+            every member failed; the last error is chained.
+        """
+        last: BaseException | None = None
+        for _ in range(len(self.endpoints)):
+            try:
+                client = await self._connected()
+                return await asyncio.wait_for(getattr(client, op)(*args, **kwargs),
+                                              wait_s or self.config.timeout_s + 0.5)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - sorted below
+                if not _is_transport_error(e):
+                    raise
+                last = e
+                logger.debug("etcd %s on %s failed: %s; trying the next member", op,
+                             self.endpoint, e)
+                await self._drop()
+                self._i = (self._i + 1) % len(self.endpoints)
+        raise EtcdUnavailable(f"no etcd member answered ({', '.join(self.endpoints)}): "
+                              f"{type(last).__name__}: {last}") from last
+
+    @property
+    def txn(self) -> Any:
+        """aetcd's transaction builders (``.create(key) == rev``, ``.put``, ``.delete``)."""
+        import aetcd
+        return aetcd.Transactions()
+
+    async def close(self) -> None:
+        await self._drop()
+
+
+class Lease:
+    """The leader's lease: granted, kept alive, and known locally to be valid until
+    :attr:`valid_until` (the time the last keep-alive was *sent* + the TTL it got back), so a
+    leader that cannot reach etcd stops acting as one before etcd gives the key away."""
+
+    def __init__(self, session: EtcdSession, ttl_s: int) -> None:
+        self.session = session
+        self.ttl_s = ttl_s
+        self.lease: Any = None
+        self.valid_until = 0.0
+
+    @property
+    def id(self) -> int:
+        return int(self.lease.id) if self.lease is not None else 0
+
+    async def grant(self) -> None:
+        sent = time.monotonic()
+        self.lease = await self.session.call("lease", self.ttl_s)
+        self.valid_until = sent + self.lease.ttl
+
+    async def refresh(self) -> bool:
+        """One keep-alive; False when etcd says the lease expired."""
+        sent = time.monotonic()
+        reply = await self.session.call("refresh_lease", self.id)
+        ttl = int(getattr(reply, "TTL", 0)) if reply is not None else 0
+        if ttl <= 0:
+            self.valid_until = 0.0
+            return False
+        self.valid_until = sent + ttl
+        return True
+
+    def valid(self, margin_s: float = 0.25) -> bool:
+        return time.monotonic() < self.valid_until - margin_s
+
+    async def revoke(self) -> None:
+        if self.lease is not None:
+            try:
+                await self.session.call("revoke_lease", self.id)
+            except Exception as e:  # noqa: BLE001 - it expires by itself anyway
+                logger.debug("lease revoke failed: %s", e)
+        self.lease = None
+        self.valid_until = 0.0
+
+
+async def read_leader(session: EtcdSession) -> tuple[dict[str, Any] | None, int]:
+    """The leader record and the key's mod revision (``(None, 0)`` when there is none)."""
+    got = await session.call("get", session.leader_key)
+    if got is None:
+        return None, 0
+    try:
+        rec = orjson.loads(got.value)
+    except orjson.JSONDecodeError:
+        rec = {"id": "?", "url": None}
+    return (rec if isinstance(rec, dict) else {"id": "?", "url": None}), int(got.mod_revision)
+
+
+async def campaign(session: EtcdSession, lease: Lease, record: dict[str, Any]) -> int | None:
+    """Create ``P/leader`` with ``record`` on ``lease`` if nobody holds it; returns its create
+    revision (the fencing token) when this call created it, else None."""
+    t = session.txn
+    ok, _ = await session.call(
+        "transaction", compare=[t.create(session.leader_key) == 0],
+        success=[t.put(session.leader_key, orjson.dumps(record), lease.lease)], failure=[])
+    if not ok:
+        return None
+    got = await session.call("get", session.leader_key)
+    if got is None or int(got.lease) != lease.id:
+        return None
+    return int(got.create_revision)
+
+
+async def load_state(session: EtcdSession) -> tuple[int, list[dict[str, Any]]]:
+    """``(version, node records)`` as the last leader wrote them (``(0, [])`` for none)."""
+    got = await session.call("get", session.version_key)
+    version = int(got.value) if got is not None and got.value.isdigit() else 0
+    records = []
+    for kv in await session.call("get_prefix", session.nodes_prefix):
+        try:
+            rec = orjson.loads(kv.value)
+        except orjson.JSONDecodeError:
+            logger.warning("etcd key %r is not JSON; ignored", kv.key)
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    return version, records
+
+
+async def fenced_write(session: EtcdSession, token: int, version: int,
+                       puts: Iterable[tuple[str, dict[str, Any]]],
+                       deletes: Iterable[str]) -> None:
+    """One transaction: ``P/nodes/<name>`` put / deleted and ``P/version``, if and only if
+    ``P/leader`` still has create revision ``token``.
+
+    Raises
+    ------
+    NotLeader
+        the comparison failed (the lease expired or another controller leads).
+    EtcdUnavailable
+        no member answered.
+    """
+    t = session.txn
+    ops = [t.put(session.node_key(name), orjson.dumps(rec)) for name, rec in puts]
+    ops += [t.delete(session.node_key(name)) for name in deletes]
+    ops.append(t.put(session.version_key, str(version).encode()))
+    ok, _ = await session.call("transaction", compare=[t.create(session.leader_key) == token],
+                               success=ops, failure=[])
+    if not ok:
+        raise NotLeader("the leader key is gone or another controller's")
