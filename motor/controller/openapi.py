@@ -142,3 +142,8 @@ def document() -> dict[str, Any]:
                                     "the lifecycle API; with etcd, only the leader serves "
                                     "(docs/control-plane.md)."},
             "paths": paths, "components": {"schemas": schemas}}
+
+
+if __name__ == "__main__":   # python -m motor.controller.openapi > docs/openapi/controller.json
+    import json
+    print(json.dumps(document(), indent=2, sort_keys=True))

@@ -74,8 +74,8 @@ class _Metrics:
                                       "leaders seen by this controller (its own elections "
                                       "included)", registry=r)
         self.etcd_up = Gauge("motor_controller_etcd_reachable",
-                             "1 when the last etcd request succeeded (absent without etcd)",
-                             registry=r)
+                             "1 when the last etcd request succeeded, by the etcd member in "
+                             "use (absent without etcd)", ["endpoint"], registry=r)
         self.etcd_writes = Counter("motor_controller_etcd_writes",
                                    "fenced registry writes to etcd by result (ok, fenced, "
                                    "unavailable)", ["result"], registry=r)
@@ -489,7 +489,8 @@ class ControllerServer:
         m.watchers.set(self._watchers)
         m.is_leader.set(1 if self.leading else 0)
         if self.ha is not None:
-            m.etcd_up.set(1 if self.ha.etcd_reachable else 0)
+            m.etcd_up.clear()
+            m.etcd_up.labels(self.ha.session.endpoint).set(1 if self.ha.etcd_reachable else 0)
         resp.send(200, generate_latest(m.registry), content_type=CONTENT_TYPE_LATEST.encode())
 
 

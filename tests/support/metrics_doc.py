@@ -14,7 +14,7 @@ SECTIONS = {"Coordinator": "coordinator", "Controller": "controller",
             "Node manager": "node_manager"}
 #: the values of the "present" column (explained in the doc)
 PRESENCE = {"always", "kv_affinity", "kv_events", "pd", "edge", "event",
-            "virtual_inference", "npu"}
+            "virtual_inference", "npu", "etcd"}
 TYPES = {"counter", "gauge", "histogram"}
 
 
