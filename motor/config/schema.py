@@ -111,7 +111,8 @@ class ControlPlaneTlsConfig(_Strict):
 
 
 def _etcd_endpoint(value: str) -> str:
-    """``HOST:PORT`` or ``http://HOST:PORT`` of an etcd member's client URL -> ``HOST:PORT``."""
+    """``HOST:PORT``, ``http://HOST:PORT`` or ``https://HOST:PORT`` of an etcd member's client
+    URL -> ``HOST:PORT`` (``https://`` kept: it needs ``controller.etcd.tls``)."""
     from urllib.parse import urlsplit
     raw = value.strip()
     u = urlsplit(raw if "//" in raw else "http://" + raw)
@@ -119,11 +120,25 @@ def _etcd_endpoint(value: str) -> str:
         port = u.port
     except ValueError:
         port = None
-    if u.scheme != "http" or not u.hostname or port is None or u.path not in ("", "/"):
-        raise ValueError(f"expected an etcd client address HOST:PORT or http://HOST:PORT, "
-                         f"got {value!r}")
+    if u.scheme not in ("http", "https") or not u.hostname or port is None \
+            or u.path not in ("", "/"):
+        raise ValueError(f"expected an etcd client address HOST:PORT, http://HOST:PORT or "
+                         f"https://HOST:PORT, got {value!r}")
     host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
-    return f"{host}:{port}"
+    return f"{'https://' if u.scheme == 'https' else ''}{host}:{port}"
+
+
+class EtcdTlsConfig(_Strict):
+    """TLS to the etcd members (etcd's ``--cert-file`` / ``--trusted-ca-file`` /
+    ``--client-cert-auth``)."""
+    ca_file: str = Field(..., min_length=1,
+                         description="PEM CA bundle that signs the etcd members' server "
+                                     "certificates (checked, with the host name)")
+    cert_file: str | None = Field(
+        None, description="PEM client certificate presented to etcd (needed when etcd runs "
+                          "with --client-cert-auth); null = none")
+    key_file: str | None = Field(None, description="PEM private key of `cert_file`; null = in "
+                                                   "`cert_file`")
 
 
 class EtcdConfig(_Strict):
@@ -140,6 +155,22 @@ class EtcdConfig(_Strict):
                                          "is 2): a leader that dies or loses etcd is replaced "
                                          "within about this long; it renews every TTL / 3")
     timeout_s: float = Field(1.0, gt=0, le=30, description="timeout of one etcd request")
+    tls: EtcdTlsConfig | None = Field(
+        None, description="TLS to etcd (every endpoint); null = plain gRPC")
+
+    @model_validator(mode="after")
+    def _schemes_fit_tls(self) -> EtcdConfig:
+        for i, e in enumerate(self.endpoints):
+            if e.startswith("https://") and self.tls is None:
+                raise ValueError(f"endpoints[{i}]: an https:// etcd endpoint needs "
+                                 f"controller.etcd.tls (the CA to check it), got {e!r} with "
+                                 f"tls null")
+        return self
+
+    @property
+    def addresses(self) -> list[str]:
+        """``HOST:PORT`` of every endpoint (scheme dropped)."""
+        return [e.removeprefix("https://") for e in self.endpoints]
 
 
 class ControllerConfig(_Strict):

@@ -38,6 +38,9 @@ def main(args: argparse.Namespace) -> int:
         if cfg.controller.tls is not None:   # a bad certificate file: exit 2 before listening
             from motor.control_tls import server_context
             server_context(cfg.controller.tls)
+        if cfg.controller.etcd is not None and cfg.controller.etcd.tls is not None:
+            from motor.controller.etcd_store import credentials
+            credentials(cfg.controller.etcd)
     except ConfigError as e:
         return fail("controller", e)
     try:

@@ -61,7 +61,7 @@ class EtcdSession:
     def __init__(self, config: EtcdConfig) -> None:
         self.config = config
         self.prefix = config.prefix.rstrip("/")
-        self.endpoints = list(config.endpoints)
+        self.endpoints = config.addresses
         self._i = 0
         self._client: Any = None
         self.leader_key = f"{self.prefix}/leader".encode()
@@ -80,9 +80,15 @@ class EtcdSession:
         if self._client is None:
             import aetcd
             host, _, port = self.endpoint.rpartition(":")
-            self._client = aetcd.Client(host=host.strip("[]"), port=int(port),
-                                        timeout=self.config.timeout_s)
-            await self._client.connect()
+            if self.config.tls is None:
+                client = aetcd.Client(host=host.strip("[]"), port=int(port),
+                                      timeout=self.config.timeout_s)
+            else:
+                client = _tls_client_class()(host=host.strip("[]"), port=int(port),
+                                             timeout=self.config.timeout_s)
+                client.credentials = credentials(self.config)
+            await client.connect()
+            self._client = client
         return self._client
 
     async def _drop(self) -> None:
@@ -130,6 +136,64 @@ class EtcdSession:
 
     async def close(self) -> None:
         await self._drop()
+
+
+def credentials(config: EtcdConfig) -> Any:
+    """gRPC channel credentials of ``controller.etcd.tls``: the CA, and the client certificate
+    when one is given.
+
+    Raises
+    ------
+    ConfigError
+        a file that is missing or cannot be read, naming the field.
+    """
+    import grpc
+
+    from motor.errors import ConfigError
+    t = config.tls
+    assert t is not None
+
+    def read(path: str | None, field: str) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise ConfigError(f"controller.etcd.tls.{field}: cannot read {path!r}: "
+                              f"{e.strerror or e}") from e
+
+    ca = read(t.ca_file, "ca_file")
+    chain = read(t.cert_file, "cert_file")
+    key = read(t.key_file, "key_file") if t.key_file else chain
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key if chain else None,
+                                        certificate_chain=chain)
+
+
+def _tls_client_class() -> type:
+    """aetcd's client over a TLS channel (aetcd 1.0 opens plain channels only; this subclass
+    opens ``grpc.aio.secure_channel`` and sets up the same stubs aetcd's ``connect`` does:
+    KV, Cluster, Lease, Maintenance and the watcher)."""
+    import aetcd
+    from aetcd import rpc, watcher
+
+    class TlsClient(aetcd.Client):
+        credentials: Any = None
+
+        async def connect(self) -> None:
+            if self._connected.is_set():
+                return
+            self.channel = rpc.secure_channel(f"{self._host}:{self._port}", self.credentials,
+                                              options=self._options.items())
+            self.kvstub = rpc.KVStub(self.channel)
+            self.clusterstub = rpc.ClusterStub(self.channel)
+            self.leasestub = rpc.LeaseStub(self.channel)
+            self.maintenancestub = rpc.MaintenanceStub(self.channel)
+            self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout,
+                                            metadata=self.metadata)
+            self._connected.set()
+
+    return TlsClient
 
 
 class Lease:

@@ -169,3 +169,56 @@ def test_restarted_controller_recovers_its_state(etcd3):
         finally:
             client.close()
     asyncio.run(main())
+
+
+def test_tls_to_etcd(tmp_path):
+    """``controller.etcd.tls``: etcd serves its client port over TLS and asks for client
+    certificates (``--client-cert-auth``); a controller with the CA and a client certificate
+    leads and persists; one without a client certificate never reaches etcd."""
+    import trustme
+
+    from motor.errors import ConfigError
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    paths = {"ca": str(tmp_path / "ca.pem"), "cert": str(tmp_path / "cert.pem"),
+             "key": str(tmp_path / "key.pem")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    cert.cert_chain_pems[0].write_to_path(paths["cert"])
+    cert.private_key_pem.write_to_path(paths["key"])
+    cluster = EtcdCluster(1, str(tmp_path), tls=paths).start()
+
+    def cfg(client_cert: bool) -> ControllerConfig:
+        tls = {"ca_file": paths["ca"]}
+        if client_cert:
+            tls |= {"cert_file": paths["cert"], "key_file": paths["key"]}
+        return ControllerConfig(etcd=EtcdConfig(endpoints=cluster.endpoints, prefix="/tls",
+                                                tls=tls))
+
+    async def main() -> None:
+        good = ControllerServer(cfg(True))
+        bad = ControllerServer(cfg(False))
+        await good.start("127.0.0.1", 0)
+        await bad.start("127.0.0.1", 0)
+        try:
+            await _leader([good])
+            good.registry.register(NodeRegistration.model_validate_json(_reg("n1", ["a"])))
+            await good._persist()
+            got = await good.ha.session.call("get", good.ha.session.node_key("n1"))  # type: ignore[union-attr]
+            assert got is not None and orjson.loads(got.value)["node"] == "n1"
+            await asyncio.sleep(1.0)
+            assert not bad.leading and bad.ha is not None and not bad.ha.etcd_reachable
+        finally:
+            await good.stop()
+            await bad.stop()
+    try:
+        asyncio.run(main())
+    finally:
+        cluster.close()
+    with pytest.raises(ValueError, match=r"endpoints\[0\]: an https:// etcd endpoint needs "
+                                         r"controller.etcd.tls"):
+        EtcdConfig(endpoints=cluster.endpoints)
+    bad_file = EtcdConfig(endpoints=cluster.endpoints, tls={"ca_file": str(tmp_path / "nope")})
+    from motor.controller.etcd_store import credentials
+    with pytest.raises(ConfigError, match="controller.etcd.tls.ca_file: cannot read"):
+        credentials(bad_file)

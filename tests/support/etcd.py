@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -45,7 +46,11 @@ class EtcdCluster:
         Data directories and logs go under it.
     """
 
-    def __init__(self, n: int, workdir: str) -> None:
+    def __init__(self, n: int, workdir: str, tls: dict[str, str] | None = None) -> None:
+        #: ``tls``: ``{"ca", "cert", "key"}`` PEM paths: client URLs are https, client
+        #: certificates signed by ``ca`` required (``--client-cert-auth``); the same
+        #: certificate serves the members and the harness's own health checks
+        self.tls = tls
         self.binary = require_etcd()
         self.n = n
         self.workdir = workdir
@@ -58,22 +63,30 @@ class EtcdCluster:
         self._started_once = [False] * n
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
     def endpoints(self) -> list[str]:
-        """``127.0.0.1:PORT`` of every member's client URL."""
-        return [f"127.0.0.1:{p}" for p in self.client_ports]
+        """``127.0.0.1:PORT`` of every member's client URL (``https://`` with TLS)."""
+        pre = "https://" if self.tls else ""
+        return [f"{pre}127.0.0.1:{p}" for p in self.client_ports]
 
     def _argv(self, i: int) -> list[str]:
         cluster = ",".join(f"{nm}=http://127.0.0.1:{p}" for nm, p in zip(self.names, self.peer_ports))
         return [self.binary, "--name", self.names[i],
                 "--data-dir", os.path.join(self.workdir, f"data-{self.names[i]}"),
-                "--listen-client-urls", f"http://127.0.0.1:{self.client_ports[i]}",
-                "--advertise-client-urls", f"http://127.0.0.1:{self.client_ports[i]}",
+                "--listen-client-urls", f"{self.scheme}://127.0.0.1:{self.client_ports[i]}",
+                "--advertise-client-urls", f"{self.scheme}://127.0.0.1:{self.client_ports[i]}",
                 "--listen-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
                 "--initial-cluster", cluster, "--initial-cluster-token", "motor-test",
                 "--initial-cluster-state", "new",
                 "--heartbeat-interval", "100", "--election-timeout", "1000",
-                "--log-level", "warn"]
+                "--log-level", "warn"] + ([
+                    "--cert-file", self.tls["cert"], "--key-file", self.tls["key"],
+                    "--trusted-ca-file", self.tls["ca"], "--client-cert-auth"]
+                    if self.tls else [])
 
     def start(self, timeout_s: float = 20.0) -> EtcdCluster:
         for i in range(self.n):
@@ -93,9 +106,13 @@ class EtcdCluster:
             self.wait_healthy([i], timeout_s)
 
     def healthy(self, i: int) -> bool:
+        ctx = None
+        if self.tls:
+            ctx = ssl.create_default_context(cafile=self.tls["ca"])
+            ctx.load_cert_chain(self.tls["cert"], self.tls["key"])
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.client_ports[i]}/health",
-                                        timeout=1.0) as r:
+            with urllib.request.urlopen(f"{self.scheme}://127.0.0.1:{self.client_ports[i]}/health",
+                                        timeout=1.0, context=ctx) as r:
                 return b'"health":"true"' in r.read()
         except (OSError, urllib.error.URLError, HTTPException, ValueError):
             return False
