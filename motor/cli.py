@@ -53,6 +53,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "coordinator": ("motor.coordinator.cli", "run the OpenAI-compatible gateway (with a controller or standalone with --backend)"),
     "controller": ("motor.controller.cli", "run the controller: node/instance registry, instance states, live instance table"),
     "node-manager": ("motor.node_manager.cli", "run one node's manager: launch, supervise, health-check and register engines"),
+    "ctl": ("motor.ctl", "operate a running cluster through the controller: instances, nodes, drain, stop, start, (rolling) restart"),
     "sim": ("motor.sim.cli", "run a simulated engine speaking vLLM's OpenAI-compatible HTTP API"),
     "bench": ("motor.bench.cli", "load generator for OpenAI-compatible endpoints (TTFT/TPOT/ITL/E2EL table)"),
     "bench-plot": ("motor.bench.plot_cli", "PNG plots of 'motor bench --json' result files: one run's, or a comparison of several"),
@@ -130,6 +131,8 @@ def http_url(text: str) -> str:
 def http_urls(text: str) -> str:
     """argparse type: one or several (comma-separated) ``http(s)://HOST:PORT`` URLs: every
     controller of an HA set (clients follow the leader)."""
+    if "," not in text:
+        return http_url(text)
     parts = [p.strip() for p in text.split(",")]
     if not any(parts):
         raise argparse.ArgumentTypeError(f"expected a URL http://HOST:PORT (or several, "

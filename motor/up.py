@@ -63,12 +63,25 @@ def load_for_cli(args: argparse.Namespace) -> ClusterConfig:
                           f"node with at least one engine, got "
                           f"{len(cfg.nodes)} node(s) and no engine")
     cfg = apply_overrides(cfg, {"coordinator.port": ("--port", getattr(args, "port", None))})
+    cfg = with_management_ports(cfg)
     # the coordinator's key sources and TLS files: a bad one is an error before anything starts
     import os
 
     from motor.coordinator.edge import check_edge
     check_edge(cfg.coordinator, os.environ.get("MOTOR_API_KEYS", ""))
     return cfg
+
+
+def with_management_ports(cfg: ClusterConfig) -> ClusterConfig:
+    """``cfg`` with ``mgmt_port: 0`` (any free port) for every node that has none: the
+    controller reaches a node's engines through its node manager's management API (``motor
+    ctl drain / stop / start / restart``), which is off without a port. A node's port is
+    registered with the controller, so its number does not matter."""
+    if all(n.mgmt_port is not None for n in cfg.nodes):
+        return cfg
+    nodes = [n if n.mgmt_port is not None else n.model_copy(update={"mgmt_port": 0})
+             for n in cfg.nodes]
+    return cfg.model_copy(update={"nodes": nodes})
 
 
 def make_log_dir(path: str | None) -> None:

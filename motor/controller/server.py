@@ -394,8 +394,9 @@ class ControllerServer:
             self._nm_client.use_tls(host, mgmt_port)
         path = f"/v1/instances/{quote(iid, safe='')}/{action}"
         try:
+            # a stop answers once the engine is down: stop_timeout_s (10 s default) + SIGKILL
             status, raw = await self._nm_client.post_json_bytes(host, mgmt_port, path,
-                                                                req.body or b"{}", 10.0)
+                                                                req.body or b"{}", 60.0)
         except Exception as e:  # noqa: BLE001 - unreachable node manager: 502
             self.metrics.actions.labels(action, "unreachable").inc()
             return _bad(resp, 502, f"node manager of {node!r} at {host}:{mgmt_port} did not "

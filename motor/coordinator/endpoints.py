@@ -349,10 +349,11 @@ class EndpointTable:
                 pass
 
     def apply(self, table: InstanceTable) -> None:
-        """Replace the endpoints with the controller's table (instances in state ``ready`` route)."""
+        """Replace the endpoints with the controller's table (instances in state ``ready``
+        route; ``stopped`` and ``removed`` ones leave the table with their KV holdings)."""
         seen: set[str] = set()
         for inst in table.instances:
-            if inst.state == InstanceState.REMOVED:
+            if inst.state in _GONE:   # a stopped engine restarts empty: its cache goes too
                 continue
             for ep_spec in inst.endpoints:
                 key = f"{inst.id}#{ep_spec.dp_rank}"
@@ -391,6 +392,10 @@ class EndpointTable:
         self.version = table.version
         metrics.TABLE_VERSION.set(table.version)
         self._rebuild()
+
+
+#: instance states whose endpoints the coordinator drops (pools, slots, KV holdings)
+_GONE = (InstanceState.REMOVED, InstanceState.STOPPED)
 
 
 def model_entries(body: bytes) -> list[dict[str, Any]]:

@@ -406,8 +406,8 @@ class Feed:
         self.table = table
         eps = {}
         for inst in table.instances:
-            if inst.state == InstanceState.REMOVED:
-                continue
+            if inst.state in (InstanceState.REMOVED, InstanceState.STOPPED):
+                continue   # a stopped engine restarts empty: its slot and cache go too
             for spec in inst.endpoints:
                 key = f"{inst.id}#{spec.dp_rank}"
                 eps[key] = SimpleNamespace(
@@ -478,12 +478,19 @@ class Feed:
 
     # -- management API -------------------------------------------------------------
     def instances(self) -> dict[str, Any]:
+        """The endpoints with slots, load and engine figures; ``kv_blocks``: (tier, block)
+        holdings of the endpoint from its KV events (how hot its cache is, for ``motor ctl
+        restart --rolling``), null without KV events."""
         out = []
+        held = self.kv.index.held
         for key, (slot, gen) in sorted(self.slots.items()):
             n, tok, pre, dec = self.load.totals(slot, gen)
             w, r, k, ts = self.load.read_engine(slot)
             e = self.endpoints.get(key)
             out.append({"key": key, "slot": slot, "generation": gen,
+                        "instance": key.rpartition("#")[0],
+                        "kv_blocks": None if self.kv_feed is None else
+                        sum(len(held.get((slot, t), ())) for t in range(3)),
                         "url": None if e is None else f"http://{e.host}:{e.port}",
                         "ready": None if e is None else getattr(e, "ready", True),
                         "inflight": n, "inflight_tokens": tok, "inflight_prefill_tokens": pre,

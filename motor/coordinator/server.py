@@ -146,10 +146,26 @@ class Coordinator:
                   content_type=b"text/plain; version=0.0.4; charset=utf-8")
 
     async def _on_instances(self, req: Request, resp: Response) -> None:
+        """The endpoints with their load; ``kv_blocks``: (tier, block) holdings of the
+        endpoint in the KV index, exact + approximate (how hot its cache is, for ``motor ctl
+        restart --rolling``), null without ``kv_affinity``."""
         now = time.monotonic()
+        kv = getattr(self.policy, "router", None)   # the KvRouter of kv_affinity
+        slots = kv.slots() if kv is not None else {}
+
+        def kv_blocks(key: str) -> int | None:
+            s = slots.get(key)
+            if kv is None:
+                return None
+            if s is None:
+                return 0
+            return int(kv.exact.instance_blocks(s)) + sum(
+                int(a.index.instance_blocks(s)) for a in kv.approx.values())
+
         out = [{"key": e.key, "instance": e.instance_id, "role": e.role.value, "url": e.url,
                 "models": sorted(e.models), "ready": e.ready, "routable": e.routable(now),
-                "inflight": e.inflight, "inflight_tokens": e.inflight_tokens}
+                "inflight": e.inflight, "inflight_tokens": e.inflight_tokens,
+                "kv_blocks": kv_blocks(e.key)}
                for e in self.table.endpoints.values()]
         resp.send(200, orjson.dumps({"version": self.table.version, "worker_pid": os.getpid(),
                                      "endpoints": out}))

@@ -20,6 +20,13 @@ logged once per outage. Before the first registration a controller that does not
 is logged at INFO for :data:`STARTUP_GRACE_S` (the controller may be starting too), at
 WARNING after.
 
+Lifecycle (management API, :meth:`NodeAgent.act`): ``POST /v1/instances/{id}/drain``
+(heartbeats' ``draining`` at once, ``grace_s``, then wait until the engines' request gauges are
+0 or ``timeout_s``, then stop -> ``stopped``), ``/stop`` (now), ``/start``, ``/restart``
+(drain or stop, then start); the controller forwards its own lifecycle calls here. A stopped
+instance is sent in heartbeats' ``stopped``: not restarted by the restart policy, not
+``failed``. The API's OpenAPI document: :func:`openapi_document` (``GET /openapi.json``).
+
 Environment: ``MOTOR_ENGINE_LOG_DIR`` (engine logs, see ``log_dir``),
 ``MOTOR_ENGINE_START_ATTEMPTS`` (an integer >= 1: failed starts in a row of an engine that was
 never healthy after which the node manager gives up on it; ``motor up`` sets it so a bad
@@ -28,29 +35,35 @@ engine flag fails the start-up at once instead of restarting for minutes).
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import os
 import shutil
 import signal
 import tempfile
 import time
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import orjson
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from motor.aio import cancel_and_wait
 from motor.http.server import ListenError, bind_error_reason  # noqa: F401
 from motor.config.schema import ClusterConfig, ControlPlaneTlsConfig, NodeConfig
-from motor.control_tls import client_context, controller_endpoint, server_context
+from motor.control_link import ControllerLink, controller_urls
+from motor.control_tls import client_context, server_context
 from motor.errors import ConfigError
 from motor.http import Client, HttpServer, Request, Response, Router, install_uvloop
 from motor.node_manager.engines import InstancePlan, plan_node
 from motor.node_manager.npu import NpuMonitor
 from motor.node_manager.supervisor import EngineProcess, ProcState
+from motor.protocol.engine_metrics import parse_engine_metrics
 from motor.protocol.instances import (EngineHealth, Heartbeat, NodeRegistration, NpuChip,
                                       VirtualInferenceStatus)
+from motor.protocol.openai import error_body
 
 #: worst first: the instance's state in heartbeats is its worst process's
 _SEVERITY = [ProcState.FAILED, ProcState.PORT_BUSY, ProcState.BACKOFF, ProcState.UNHEALTHY, ProcState.STARTING,
@@ -66,6 +79,10 @@ ENGINE_START_ATTEMPTS_ENV = "MOTOR_ENGINE_START_ATTEMPTS"
 #: seconds after start during which an unreachable controller is logged at INFO (it may be
 #: starting at the same time); WARNING after
 STARTUP_GRACE_S = 10.0
+#: seconds between two reads of a draining instance's request gauges
+DRAIN_POLL_S = 0.2
+#: timeout of one ``GET /metrics`` of an engine during a drain (seconds)
+METRICS_TIMEOUT_S = 2.0
 
 
 def start_attempts_from_env() -> int | None:
@@ -78,12 +95,68 @@ def start_attempts_from_env() -> int | None:
     return n if n >= 1 else None
 
 
+class AdminState(str, enum.Enum):
+    """What an operator asked of an instance (``POST /v1/instances/{id}/{action}``)."""
+    RUNNING = "running"     #: supervised as configured (the default)
+    DRAINING = "draining"   #: sent in heartbeats' ``draining``: no new requests, stops once idle
+    STOPPED = "stopped"     #: sent in heartbeats' ``stopped``: nothing runs, never restarted
+
+
+class Action(str, enum.Enum):
+    """The operator actions of the management API."""
+    DRAIN = "drain"
+    STOP = "stop"
+    START = "start"
+    RESTART = "restart"
+
+
+class _Body(BaseModel):
+    # unknown fields are ignored, as on the controller's wire types: a newer controller may
+    # forward more than this node manager reads
+    model_config = ConfigDict(extra="ignore")
+
+
+class DrainRequest(_Body):
+    """Body of ``POST /v1/instances/{id}/drain`` (all fields optional; an empty body is ``{}``)."""
+    timeout_s: float = Field(
+        60.0, ge=0, le=7 * 86400, allow_inf_nan=False,
+        description="longest wait, after grace_s, for the instance's engines to have no request "
+                    "running or waiting; then it is stopped anyway (seconds)")
+    grace_s: float | None = Field(
+        None, ge=0, le=3600, allow_inf_nan=False,
+        description="wait after the first heartbeat that reports the drain, so that every "
+                    "coordinator has the table without the instance before the idle check "
+                    "(seconds); null = 2 x the heartbeat interval")
+
+
+class RestartRequest(DrainRequest):
+    """Body of ``POST /v1/instances/{id}/restart``."""
+    drain: bool = Field(True, description="drain first (as POST .../drain), else stop at once")
+
+
+class ActionAnswer(BaseModel):
+    """The answer of an accepted action (200 done / no-op, 202 under way)."""
+    instance: str = Field(description="instance id <node>/<engine>/<i>")
+    action: Action
+    state: str = Field(description="the instance's state now as heartbeats report it: "
+                                   "draining, stopped, starting or ready")
+
+
 class EngineInstance:
-    """One registered instance = one or more engine processes (one per DP rank for sim)."""
+    """One registered instance = one or more engine processes (one per DP rank for sim).
+
+    ``admin`` is what an operator asked (:class:`AdminState`); ``action`` the action under way
+    (a drain or restart runs in ``task``; a stop is awaited by its request), else None.
+    """
 
     def __init__(self, plan: InstancePlan, processes: list[EngineProcess]) -> None:
         self.plan = plan
         self.processes = processes
+        self.admin = AdminState.RUNNING
+        self.action: Action | None = None
+        #: what the action under way is doing now (``waiting for 2 request(s) to finish``)
+        self.action_step: str | None = None
+        self.task: asyncio.Task[None] | None = None
 
     @property
     def id(self) -> str:
@@ -95,11 +168,25 @@ class EngineInstance:
 
     @property
     def failed(self) -> bool:
-        """Sent in heartbeats' ``failed``: gave up, or not launched because its port is busy."""
-        return any(p.failed or p.port_busy for p in self.processes)
+        """Sent in heartbeats' ``failed``: gave up, or not launched because its port is busy
+        (never while stopped on an operator's request)."""
+        return self.admin is not AdminState.STOPPED and \
+            any(p.failed or p.port_busy for p in self.processes)
+
+    @property
+    def state(self) -> str:
+        """``draining`` / ``stopped`` on an operator's request, else ``ready`` when healthy,
+        else ``starting`` (how the answers of the management API word it)."""
+        if self.admin is not AdminState.RUNNING:
+            return str(self.admin.value)
+        return "ready" if self.healthy else "starting"
 
     @property
     def reason(self) -> str | None:
+        if self.admin is AdminState.STOPPED:
+            return "stopped on an operator's request"
+        if self.admin is AdminState.DRAINING:
+            return f"draining on an operator's request: {self.action_step or 'under way'}"
         for p in self.processes:
             if p.state is not ProcState.READY:
                 return f"{p.name}: {p.reason or p.state.value}"
@@ -115,6 +202,9 @@ class EngineInstance:
 
     def status(self) -> dict[str, object]:
         return {"id": self.id, "healthy": self.healthy, "failed": self.failed,
+                "admin_state": self.admin.value,
+                "action": None if self.action is None else self.action.value,
+                "action_step": self.action_step,
                 "processes": [p.status() for p in self.processes]}
 
 
@@ -134,7 +224,8 @@ class NodeAgent:
     ----------
     node : NodeConfig
     controller_url : str
-        ``http://host:port`` of the controller.
+        ``http://host:port`` of the controller; several (controllers with etcd)
+        comma-separated: heartbeats go to the leader (:class:`~motor.control_link.ControllerLink`).
     heartbeat_interval_s : float
     log_dir : str or None
         Engine logs; default ``node.log_dir``, else ``$MOTOR_ENGINE_LOG_DIR``, else a fresh
@@ -162,9 +253,9 @@ class NodeAgent:
                  cluster: ClusterConfig | None = None) -> None:
         self.node = node
         self.controller_url = controller_url
-        self.controller = parse_url(controller_url)
-        host, port, https = controller_endpoint(
-            controller_url if "//" in controller_url else "http://" + controller_url, tls)
+        urls = [u if "//" in u else "http://" + u for u in controller_urls(controller_url)]
+        for u in urls:
+            parse_url(u)
         #: the management API's server context (mTLS) with ``controller.tls``
         self._server_tls = server_context(tls) if tls is not None else None
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -177,13 +268,18 @@ class NodeAgent:
         # one client: plain HTTP to the engines, mTLS to the controller with controller.tls
         self.client = Client(connect_timeout_s=2.0,
                              tls=client_context(tls) if tls is not None else None)
-        if https:
-            self.client.use_tls(host, port)
+        #: the leading controller among ``controller_url``'s (a follower's 307 is followed)
+        self.link = ControllerLink(urls, self.client, tls)
         self.instances: list[EngineInstance] = []
         self.registered = False
         self._ever_registered = False
         self.controller_reachable = False
         self._dirty = asyncio.Event()
+        #: heartbeats built (``_sent``) and the last one the controller accepted (``_acked``,
+        #: same numbering); ``_beat`` is set, and replaced, at each accepted one
+        self._sent = 0
+        self._acked = 0
+        self._beat = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._http: HttpServer | None = None
         self._metrics = CollectorRegistry(auto_describe=True)
@@ -265,6 +361,7 @@ class NodeAgent:
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None
+        await cancel_and_wait(*(i.task for i in self.instances))
         await asyncio.gather(*(p.stop() for i in self.instances for p in i.processes))
         await self.npu.stop()
         self._clean_log_dir()
@@ -308,13 +405,15 @@ class NodeAgent:
                          failed=[i.id for i in self.instances if i.failed],
                          reasons={i.id: r for i in self.instances if (r := i.reason)},
                          engines={i.id: i.engine_health() for i in self.instances},
-                         npu=[NpuChip(**c) for c in self.npu.snapshot()])
+                         npu=[NpuChip(**c) for c in self.npu.snapshot()],
+                         draining=[i.id for i in self.instances
+                                   if i.admin is AdminState.DRAINING],
+                         stopped=[i.id for i in self.instances if i.admin is AdminState.STOPPED])
 
     async def _post(self, path: str, body: object, timeout_s: float) -> dict[str, object]:
         data = body.model_dump_json().encode() if hasattr(body, "model_dump_json") \
             else orjson.dumps(body)
-        host, port = self.controller
-        status, raw = await self.client.post_json_bytes(host, port, path, data, timeout_s)
+        status, raw = await self.link.request("POST", path, data, timeout_s)
         if status != 200:
             raise _ControllerRefused(status, raw[:300].decode("utf-8", "replace"))
         out = orjson.loads(raw)
@@ -339,12 +438,17 @@ class NodeAgent:
                                 r.get("version"))
                 else:
                     self._dirty.clear()
+                    self._sent += 1
+                    seq = self._sent
                     r = await self._post("/v1/nodes/heartbeat", self.heartbeat(), timeout)
                     if r.get("known") is False:
                         logger.info("node manager %s: controller does not know this node "
                                     "(restarted?): registering again", self.node.name)
                         self.registered = False
                         continue
+                    self._acked = seq
+                    self._beat.set()
+                    self._beat = asyncio.Event()
                 if outage_since is not None:
                     logger.info("node manager %s: controller %s reachable again after %.1f s",
                                 self.node.name, self.controller_url, time.monotonic() - outage_since)
@@ -379,6 +483,219 @@ class NodeAgent:
                 await asyncio.sleep(0.01)  # coalesce a burst of changes
             except TimeoutError:
                 pass
+
+    # ------------------------------------------------------------ lifecycle
+    def instance(self, instance_id: str) -> EngineInstance | None:
+        """The instance ``instance_id`` (``<node>/<engine>/<i>``) of this node, else None."""
+        return next((i for i in self.instances if i.id == instance_id), None)
+
+    async def heartbeat_now(self, wait_s: float) -> bool:
+        """Send a heartbeat now and wait until the controller accepted one built after this
+        call: True, or False after ``wait_s`` seconds (controller unreachable; the heartbeat
+        loop goes on trying)."""
+        want = self._sent + 1
+        self._dirty.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + wait_s
+        while self._acked < want:
+            left = end - loop.time()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._beat.wait(), left)
+            except TimeoutError:
+                return False
+        return True
+
+    @property
+    def _ack_wait_s(self) -> float:
+        """How long a lifecycle step waits for the controller to hear of a state change."""
+        return max(1.0, 2 * self.heartbeat_interval_s)
+
+    async def act(self, instance_id: str, action: Action,
+                  body: DrainRequest | None = None) -> tuple[int, ActionAnswer]:
+        """Apply an operator's ``action`` to instance ``instance_id``; what
+        ``POST /v1/instances/{id}/{action}`` does.
+
+        * ``drain`` (``body``: :class:`DrainRequest`): 202, state ``draining`` at once (a
+          heartbeat is sent now); in the background: ``grace_s``, then the engines' ``/metrics``
+          (``vllm:num_requests_running + vllm:num_requests_waiting``, or SGLang's
+          ``sglang:num_running_reqs + sglang:num_queue_reqs``, summed over the instance's
+          processes) polled every :data:`DRAIN_POLL_S` until 0 or ``timeout_s``, then the
+          processes are stopped: state ``stopped``. A stopped instance: 200, no-op; a drain
+          under way: 202, it goes on (this body is not applied).
+        * ``stop``: the processes are stopped at once (SIGTERM -> ``stop_timeout_s`` ->
+          SIGKILL), 200 ``stopped`` when done; it cancels a drain or restart under way.
+        * ``start``: the processes of a stopped instance (or those the supervisor gave up on)
+          start again with a fresh restart history, 202 ``starting``; 200 when all run.
+        * ``restart`` (``body``: :class:`RestartRequest`): 202; drain (``drain: true``) or stop
+          at once, then start (a stopped instance just starts).
+
+        Stopped instances are sent in heartbeats' ``stopped`` (never restarted by the restart
+        policy, not ``failed``), draining ones in ``draining``.
+
+        Returns
+        -------
+        (status, answer) : (int, ActionAnswer)
+            200 (done, or nothing to do) or 202 (under way).
+
+        Raises
+        ------
+        LookupError
+            no instance ``instance_id`` on this node (404).
+        LifecycleConflict
+            another action is under way that this one cannot override (409): only ``stop``
+            overrides, and ``drain`` joins a drain.
+        """
+        inst = self.instance(instance_id)
+        if inst is None:
+            raise LookupError(f"instance: expected one of node {self.node.name}'s instances "
+                              f"({', '.join(i.id for i in self.instances) or 'none'}), got "
+                              f"{instance_id!r}")
+        busy = inst.action
+        if action is Action.STOP:
+            if inst.task is not None:
+                logger.info("instance %s: stop requested: the %s under way is cancelled",
+                            inst.id, busy.value if busy else "action")
+                await cancel_and_wait(inst.task)
+            if inst.admin is not AdminState.STOPPED or busy is not None:
+                inst.action, inst.action_step = Action.STOP, "stopping its processes"
+                try:
+                    await self._stop_processes(inst, "stopped on an operator's stop")
+                finally:
+                    inst.action = inst.action_step = None
+                inst.admin = AdminState.STOPPED
+                self._dirty.set()
+                logger.info("instance %s: stopped on an operator's request", inst.id)
+            return 200, self._answer(inst, action)
+        if busy is not None and not (action is Action.DRAIN and busy is Action.DRAIN):
+            raise LifecycleConflict(
+                f"instance {inst.id}: expected no action under way for a {action.value}, got a "
+                f"{busy.value} under way ({inst.action_step or 'in progress'}); wait until it "
+                f"ends, or POST /v1/instances/{inst.id}/stop to stop the instance now")
+        if action is Action.DRAIN:
+            if busy is Action.DRAIN:
+                return 202, self._answer(inst, action)
+            if inst.admin is AdminState.STOPPED:
+                return 200, self._answer(inst, action)
+            self._begin(inst, action, AdminState.DRAINING, body or DrainRequest())
+            return 202, self._answer(inst, action)
+        if action is Action.START or inst.admin is AdminState.STOPPED:
+            if inst.admin is AdminState.RUNNING and all(p.supervised for p in inst.processes):
+                return 200, self._answer(inst, action)
+            self._start_processes(inst, action)
+            return 202, self._answer(inst, action, "starting")
+        req = body if isinstance(body, RestartRequest) else RestartRequest()
+        self._begin(inst, action, AdminState.DRAINING if req.drain else AdminState.STOPPED,
+                    req if req.drain else None)
+        return 202, self._answer(inst, action)
+
+    @staticmethod
+    def _answer(inst: EngineInstance, action: Action, state: str | None = None) -> ActionAnswer:
+        return ActionAnswer(instance=inst.id, action=action, state=state or inst.state)
+
+    def _begin(self, inst: EngineInstance, action: Action, admin: AdminState,
+               drain: DrainRequest | None) -> None:
+        """State ``admin`` now (heartbeat at once), the rest of ``action`` in a task."""
+        inst.admin, inst.action = admin, action
+        inst.action_step = "reporting it to the controller"
+        self._dirty.set()
+        inst.task = asyncio.create_task(self._lifecycle(inst, action, drain),
+                                        name=f"{action.value} {inst.id}")
+
+    async def _lifecycle(self, inst: EngineInstance, action: Action,
+                         drain: DrainRequest | None) -> None:
+        """The background part of a drain (drain -> stop) or a restart ([drain] -> stop ->
+        start)."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            await self.heartbeat_now(self._ack_wait_s)
+            if drain is not None:
+                await self._drain_phase(inst, drain)
+            inst.action_step = "stopping its processes"
+            await self._stop_processes(inst, f"stopped on an operator's {action.value}")
+            inst.admin = AdminState.STOPPED
+            self._dirty.set()
+            if action is Action.RESTART:
+                inst.action_step = "reporting the stop to the controller"
+                await self.heartbeat_now(self._ack_wait_s)   # it sees the instance stopped
+                self._start_processes(inst, action)
+            logger.info("instance %s: %s done in %.1f s%s", inst.id, action.value,
+                        loop.time() - t0, "; starting again" if action is Action.RESTART else
+                        "; stopped")
+        except asyncio.CancelledError:
+            raise
+        except Exception:   # pragma: no cover - a bug; the node manager goes on
+            logger.exception("instance %s: %s failed", inst.id, action.value)
+        finally:
+            inst.action = inst.action_step = None
+            inst.task = None
+
+    async def _drain_phase(self, inst: EngineInstance, req: DrainRequest) -> None:
+        """``grace_s``, then wait until the instance's engines are idle or ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        grace = req.grace_s if req.grace_s is not None else 2 * self.heartbeat_interval_s
+        logger.info("instance %s: draining on an operator's request (grace %.1f s, then up to "
+                    "%g s for its requests to finish)", inst.id, grace, req.timeout_s)
+        inst.action_step = f"grace period of {grace:g} s"
+        await asyncio.sleep(grace)
+        deadline = loop.time() + req.timeout_s
+        warned: set[str] = set()
+        while True:
+            n, unread = await self.engine_requests(inst)
+            for name in unread - warned:
+                logger.warning("instance %s: drain: cannot read the request gauges of engine %s "
+                               "(GET /metrics); waiting for them until the drain timeout",
+                               inst.id, name)
+            warned |= unread
+            if n == 0 and not unread:
+                return
+            if loop.time() >= deadline:
+                logger.warning("instance %s: drain timed out after %g s with %d request(s) "
+                               "still running or waiting%s: stopping it", inst.id, req.timeout_s,
+                               n, f" (unread: {', '.join(sorted(unread))})" if unread else "")
+                return
+            inst.action_step = (f"waiting for {n} request(s) to finish"
+                                + (f", {len(unread)} engine(s) not answering /metrics"
+                                   if unread else ""))
+            await asyncio.sleep(min(DRAIN_POLL_S, max(0.0, deadline - loop.time())))
+
+    async def engine_requests(self, inst: EngineInstance) -> tuple[int, set[str]]:
+        """(requests running + waiting summed over the instance's live engine processes, names
+        of the live processes whose ``GET /metrics`` could not be read). A process that does
+        not run counts 0."""
+        total = 0.0
+        unread: set[str] = set()
+        for p in inst.processes:
+            if p.pid is None:
+                continue
+            ep = p.spec.endpoint
+            try:
+                status, raw = await self.client.get_json_bytes(ep.host, ep.port, "/metrics",
+                                                               METRICS_TIMEOUT_S)
+            except Exception:
+                unread.add(p.name)
+                continue
+            if status != 200:
+                unread.add(p.name)
+                continue
+            waiting, running, _ = parse_engine_metrics(raw.decode("utf-8", "replace"))
+            total += waiting + running
+        return int(round(total)), unread
+
+    @staticmethod
+    async def _stop_processes(inst: EngineInstance, reason: str) -> None:
+        # shielded: a stop that overrides a drain cancels the drain's task, never a process
+        # stop halfway (its SIGKILL step must run)
+        await asyncio.shield(asyncio.gather(*(p.stop(reason) for p in inst.processes)))
+
+    def _start_processes(self, inst: EngineInstance, action: Action) -> None:
+        inst.admin = AdminState.RUNNING
+        for p in inst.processes:
+            p.start(fresh=True)
+        self._dirty.set()
+        logger.info("instance %s: starting on an operator's %s", inst.id, action.value)
 
     # ------------------------------------------------------------ management
     def status(self) -> dict[str, object]:
@@ -434,10 +751,154 @@ class NodeAgent:
             self._update_metrics()
             resp.send(200, generate_latest(self._metrics), content_type=CONTENT_TYPE_LATEST.encode())
 
+        async def openapi(req: Request, resp: Response) -> None:
+            resp.send(200, orjson.dumps(openapi_document()))
+
         r.add("GET", "/health", health)
         r.add("GET", "/v1/instances", instances)
         r.add("GET", "/metrics", metrics)
+        r.add("GET", "/openapi.json", openapi)
+        r.add_prefix("POST", INSTANCES_PREFIX, self._on_action)
         return r
+
+    async def _on_action(self, req: Request, resp: Response) -> None:
+        """``POST /v1/instances/{id}/{action}``: the id's ``/`` raw or percent-encoded."""
+        raw_id, _, name = req.path[len(INSTANCES_PREFIX):].rpartition("/")
+        try:
+            action = Action(name)
+        except ValueError:
+            resp.send(404, error_body(404, f"no route for POST {req.path} (expected "
+                                           f"{INSTANCES_PREFIX}{{id}}/ and one of "
+                                           f"{', '.join(a.value for a in Action)})"))
+            return
+        body: DrainRequest | None = None
+        try:
+            data = orjson.loads(req.body) if req.body.strip() else {}
+        except orjson.JSONDecodeError as e:
+            resp.send(400, error_body(400, f"body: expected a JSON object, got invalid JSON "
+                                           f"({e})"))
+            return
+        if not isinstance(data, dict):
+            resp.send(400, error_body(400, f"body: expected a JSON object, got "
+                                           f"{type(data).__name__}"))
+            return
+        model = {Action.DRAIN: DrainRequest, Action.RESTART: RestartRequest}.get(action)
+        if model is not None:
+            try:
+                body = model.model_validate(data)
+            except ValidationError as e:
+                resp.send(400, error_body(400, _first_error(e), _first_field(e)))
+                return
+        try:
+            status, answer = await self.act(unquote(raw_id), action, body)
+        except LookupError as e:
+            resp.send(404, error_body(404, str(e.args[0]) if e.args else str(e), "id"))
+            return
+        except LifecycleConflict as e:
+            resp.send(409, error_body(409, str(e)))
+            return
+        resp.send(status, answer.model_dump_json().encode())
+
+
+#: the path prefix of the lifecycle routes, ``POST /v1/instances/{id}/{action}``
+INSTANCES_PREFIX = "/v1/instances/"
+
+
+def _first_error(e: ValidationError) -> str:
+    """``body.<field>: <what pydantic expected> (got <value>)`` of the first error."""
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"body.{loc}: {err['msg']} (got {err.get('input')!r})"
+
+
+def _first_field(e: ValidationError) -> str | None:
+    loc = e.errors()[0]["loc"]
+    return str(loc[0]) if loc else None
+
+
+def _error_schema() -> dict[str, Any]:
+    return {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": "integer"}}}}}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the management API (served at ``GET /openapi.json``, kept
+    in ``docs/openapi/node-manager.json``)."""
+    ref = "#/components/schemas/{model}"
+    schemas: dict[str, Any] = {"Error": _error_schema()}
+    for m in (DrainRequest, RestartRequest, ActionAnswer):
+        js = m.model_json_schema(ref_template=ref)
+        schemas.update(js.pop("$defs", {}))
+        schemas[m.__name__] = js
+
+    def content(name: str) -> dict[str, Any]:
+        return {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}
+
+    def err(what: str) -> dict[str, Any]:
+        return {"description": what, "content": content("Error")}
+
+    id_param = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"},
+                "description": "instance id <node>/<engine>/<i>; its '/' raw or "
+                               "percent-encoded (%2F)"}
+    paths: dict[str, Any] = {
+        "/health": {"get": {"summary": "liveness", "responses": {"200": {
+            "description": "the node manager runs", "content": {"application/json": {
+                "schema": {"type": "object", "properties": {"status": {"const": "ok"}}}}}}}}},
+        "/v1/instances": {"get": {
+            "summary": "the node's instances: per process state, pid, port, restarts, last "
+                       "exit, reason, log, virtual inference; per instance admin_state "
+                       "(running, draining, stopped) and the action under way; the last NPU "
+                       "sample",
+            "responses": {"200": {"description": "node status", "content": {
+                "application/json": {"schema": {"type": "object"}}}}}}},
+        "/metrics": {"get": {"summary": "Prometheus text (motor_node_*, motor_npu_*)",
+                             "responses": {"200": {"description": "metrics", "content": {
+                                 "text/plain": {"schema": {"type": "string"}}}}}}},
+        "/openapi.json": {"get": {"summary": "this document", "responses": {"200": {
+            "description": "OpenAPI 3.1", "content": {"application/json": {
+                "schema": {"type": "object"}}}}}}},
+    }
+    bodies = {Action.DRAIN: "DrainRequest", Action.RESTART: "RestartRequest"}
+    summaries = {
+        Action.DRAIN: "report the instance draining (coordinators stop routing to it), wait "
+                      "grace_s, wait until its engines have no request running or waiting "
+                      "(or timeout_s), then stop it",
+        Action.STOP: "stop the instance's processes now (SIGTERM, then SIGKILL after "
+                     "stop_timeout_s); cancels a drain or restart under way",
+        Action.START: "start a stopped instance (or processes the supervisor gave up on) "
+                      "with a fresh restart history",
+        Action.RESTART: "drain (drain: true, the default) or stop, then start again",
+    }
+    accepted = {Action.DRAIN: {"202": "draining", "200": "already stopped: nothing to do"},
+                Action.STOP: {"200": "stopped"},
+                Action.START: {"202": "starting", "200": "already running: nothing to do"},
+                Action.RESTART: {"202": "under way: draining (or stopped), then starting"}}
+    for a in Action:
+        responses: dict[str, Any] = {code: {"description": what,
+                                            "content": content("ActionAnswer")}
+                                     for code, what in accepted[a].items()}
+        responses["404"] = err("no such instance on this node")
+        responses["409"] = err("another action is under way (only stop overrides one)")
+        op: dict[str, Any] = {"summary": summaries[a], "parameters": [id_param],
+                              "responses": responses}
+        responses["400"] = err("the body is not a JSON object (none or {} is fine)"
+                               + (", or a field is out of range" if a in bodies else ""))
+        if a in bodies:
+            op["requestBody"] = {"required": False, "content": content(bodies[a])}
+        paths[f"{INSTANCES_PREFIX}{{id}}/{a.value}"] = {"post": op}
+    return {"openapi": "3.1.0",
+            "info": {"title": "motor node manager management API", "version": "1",
+                     "description": "Served by `motor node-manager` on --port / "
+                                    "nodes[].mgmt_port (mTLS with controller.tls); the "
+                                    "controller forwards the lifecycle calls of its "
+                                    "POST /v1/instances/{id}/{action} here."},
+            "paths": paths, "components": {"schemas": schemas}}
+
+
+class LifecycleConflict(Exception):
+    """An operator's action refused because another one is under way (HTTP 409)."""
 
 
 class _ControllerRefused(Exception):

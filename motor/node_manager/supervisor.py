@@ -257,6 +257,7 @@ class EngineProcess:
         self.had_failure = False
         self._restart_times: collections.deque[float] = collections.deque()
         self._stop = asyncio.Event()
+        self._stop_reason = "stopped by the node manager"
         self._task: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- views
@@ -297,14 +298,31 @@ class EngineProcess:
                 "virtual_inference": self.vi.status() if self.vi is not None else None}
 
     # ------------------------------------------------------------- lifecycle
-    def start(self) -> None:
-        """Start supervising (returns at once)."""
-        if self._task is None:
-            self._stop.clear()
-            self._task = asyncio.create_task(self._run(), name=f"engine {self.name}")
+    @property
+    def supervised(self) -> bool:
+        """Supervision runs (the engine runs, starts, or waits to restart); False once stopped
+        or given up on (``failed``)."""
+        return self._task is not None and not self._task.done()
 
-    async def stop(self) -> None:
-        """Stop the engine (SIGTERM -> stop_timeout_s -> SIGKILL of its group) and supervision."""
+    def start(self, fresh: bool = False) -> None:
+        """Start supervising (returns at once); no-op while supervision runs.
+
+        ``fresh`` (an operator's start): the restart history is forgotten, so an engine the
+        supervisor gave up on (``failed``) gets the whole ``max_restarts`` budget again and a
+        launcher that could not be executed is tried again.
+        """
+        if self.supervised:
+            return
+        if fresh:
+            self._restart_times.clear()
+            self._spawn_failed_for_good = False
+        self._stop.clear()
+        self._task = asyncio.create_task(self._run(), name=f"engine {self.name}")
+
+    async def stop(self, reason: str = "stopped by the node manager") -> None:
+        """Stop the engine (SIGTERM -> stop_timeout_s -> SIGKILL of its group) and supervision;
+        the process is then ``stopped`` with ``reason``."""
+        self._stop_reason = reason
         self._stop.set()
         if self._task is not None:
             try:
@@ -461,7 +479,7 @@ class EngineProcess:
         finally:
             stop_wait.cancel()
             if self.state is not ProcState.FAILED or self._stop.is_set():
-                self._set(ProcState.STOPPED, "stopped by the node manager"
+                self._set(ProcState.STOPPED, self._stop_reason
                           if self._stop.is_set() else self.reason)
 
     async def _wait_for_port(self, stop_wait: asyncio.Task[bool]) -> bool:

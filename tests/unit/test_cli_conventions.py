@@ -69,7 +69,7 @@ def test_help_of_every_command(command: str, capsys: pytest.CaptureFixture[str])
         # the shared options: one metavar, one wording
         shared = {"--config": ("FILE", cli.HELP_CONFIG), "--host": ("HOST", cli.HELP_HOST),
                   "--port": ("PORT", cli.HELP_PORT),
-                  "--controller": ("URL", cli.HELP_CONTROLLER),
+                  "--controller": ("URL[,URL...]", cli.HELP_CONTROLLER),
                   "--log-dir": ("DIR", cli.HELP_LOG_DIR)}
         for opt, (metavar, head) in shared.items():
             if opt in a.option_strings:
@@ -142,6 +142,9 @@ BAD = [
      "expected a directory, got '{file}' (a file)"),
     (["node-manager", "--controller", "ftp://127.0.0.1:18500"], "--controller",
      "expected a URL http://HOST:PORT or https://HOST:PORT, got 'ftp://127.0.0.1:18500'"),
+    (["node-manager", "--controller", "http://127.0.0.1:1,127.0.0.1:2"], "--controller",
+     "expected URLs http://HOST:PORT or https://HOST:PORT, comma-separated, got '127.0.0.1:2' "
+     "in 'http://127.0.0.1:1,127.0.0.1:2'"),
     (["node-manager", "--port", "x"], "--port", "expected a port number 0..65535, got 'x'"),
     (["sim", "--max-num-seqs", "0"], "--max-num-seqs", "expected an integer >= 1, got 0"),
     (["sim", "--eos-prob", "1.5"], "--eos-prob", "expected a number in [0, 1], got 1.5"),
