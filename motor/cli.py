@@ -57,6 +57,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("motor.sim.cli", "run a simulated engine speaking vLLM's OpenAI-compatible HTTP API"),
     "bench": ("motor.bench.cli", "load generator for OpenAI-compatible endpoints (TTFT/TPOT/ITL/E2EL table)"),
     "bench-plot": ("motor.bench.plot_cli", "PNG plots of 'motor bench --json' result files: one run's, or a comparison of several"),
+    "run": ("motor.run", "start the role MOTOR_ROLE names from the environment alone (the container entrypoint; docs/deployment.md)"),
 }
 
 
