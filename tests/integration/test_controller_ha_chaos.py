@@ -43,8 +43,9 @@ def _no_failures(summary: dict, c: HaCluster) -> None:
 def test_kill_9_of_the_leader_under_load(cluster: HaCluster) -> None:
     c = cluster
     leader = c.wait_converged(30)
-    load = c.bench(8, "bench-kill")
-    time.sleep(2.5)
+    load = c.bench(10, "bench-kill")
+    c.wait_load()
+    time.sleep(1.0)
     c.kill_controller(leader)
     killed_at = time.monotonic()
     served_after = None
@@ -76,8 +77,9 @@ def test_kill_9_of_the_leader_under_load(cluster: HaCluster) -> None:
 def test_leader_cut_off_from_etcd_steps_down(cluster: HaCluster) -> None:
     c = cluster
     leader = c.wait_converged(30)
-    load = c.bench(8, "bench-partition")
-    time.sleep(2.0)
+    load = c.bench(10, "bench-partition")
+    c.wait_load()
+    time.sleep(1.0)
     c.etcd.stop_member(leader)     # that controller's only etcd member; quorum kept
     cut_at = time.monotonic()
     stepped_down = None
@@ -104,8 +106,9 @@ def test_leader_cut_off_from_etcd_steps_down(cluster: HaCluster) -> None:
 def test_etcd_fully_down_for_30_s(cluster: HaCluster) -> None:
     c = cluster
     c.wait_converged(30)
-    load = c.bench(40, "bench-outage")
-    time.sleep(3.0)
+    load = c.bench(45, "bench-outage")
+    c.wait_load()
+    time.sleep(1.0)
     c.etcd.stop_all()
     down_at = time.monotonic()
     deadline = down_at + 10

@@ -51,14 +51,18 @@ def post(url: str, body: dict[str, Any], timeout: float = 10.0) -> tuple[int, An
 
 
 class HaCluster:
-    def __init__(self, tmp: Path, lease_ttl_s: int = 2) -> None:
+    def __init__(self, tmp: Path, lease_ttl_s: int = 2, policy: str = "round_robin",
+                 sim_config: dict[str, Any] | None = None) -> None:
         self.tmp = tmp
+        self.policy = policy
+        self.sim_config = {"time_scale": 4, **(sim_config or {})}
         self.etcd = EtcdCluster(3, str(tmp))
-        ports = free_ports(N_CONTROLLERS + 1 + len(NODES) + len(NODES) * ENGINES_PER_NODE)
+        ports = free_ports(N_CONTROLLERS + 1 + len(NODES))
         self.cports = ports[:N_CONTROLLERS]
         self.api_port = ports[N_CONTROLLERS]
-        self.mports = ports[N_CONTROLLERS + 1:N_CONTROLLERS + 1 + len(NODES)]
-        self.engine_ports = ports[N_CONTROLLERS + 1 + len(NODES):]
+        self.mports = ports[N_CONTROLLERS + 1:]
+        #: each node's engines take base_port + k (the node manager's plan): consecutive ports
+        self.base_ports = [free_ports(ENGINES_PER_NODE, consecutive=True)[0] for _ in NODES]
         self.lease_ttl_s = lease_ttl_s
         self.controllers: list[subprocess.Popen[bytes] | None] = [None] * N_CONTROLLERS
         self.others: list[subprocess.Popen[bytes]] = []
@@ -75,13 +79,13 @@ class HaCluster:
     def _config(self, i: int) -> Path:
         nodes = []
         for j, name in enumerate(NODES):
-            base = self.engine_ports[j * ENGINES_PER_NODE]
+            base = self.base_ports[j]
             nodes.append({"name": name, "mgmt_port": self.mports[j], "platform": "cpu",
                           "log_dir": str(self.tmp / f"logs-{name}"),
                           "engines": [{"name": "sim", "kind": "sim", "model": "motor-sim",
                                        "count": ENGINES_PER_NODE, "base_port": base,
                                        "health_interval_s": 0.2,
-                                       "engine_config": {"time_scale": 4}}]})
+                                       "engine_config": dict(self.sim_config)}]})
         cfg = {
             "controller": {"host": "127.0.0.1", "port": self.cports[i],
                            "heartbeat_interval_s": 0.25, "heartbeat_timeout_s": 3.0,
@@ -89,7 +93,7 @@ class HaCluster:
                            "peers": self.urls,
                            "etcd": {"endpoints": [self.etcd.endpoints[i]],
                                     "prefix": "/chaos", "lease_ttl_s": self.lease_ttl_s}},
-            "coordinator": {"host": "127.0.0.1", "port": self.api_port, "policy": "round_robin"},
+            "coordinator": {"host": "127.0.0.1", "port": self.api_port, "policy": self.policy},
             "nodes": nodes,
         }
         path = self.tmp / f"cluster-{i}.yaml"
@@ -188,14 +192,46 @@ class HaCluster:
         return "\n".join(out)
 
     # ------------------------------------------------------------------- load
-    def bench(self, duration_s: float, name: str, concurrency: int = 16) -> subprocess.Popen[bytes]:
+    def engine_port(self, instance_id: str) -> int:
+        """The HTTP port of instance ``n<j>/sim/<k>``'s engine."""
+        node, _, k = instance_id.split("/")
+        return self.base_ports[NODES.index(node)] + int(k)
+
+    def received(self, instance_id: str) -> int | None:
+        """Requests the engine of ``instance_id`` took so far (None when it does not answer):
+        the simulator's own accounting (running + waiting + finished + aborted)."""
+        st = get(f"http://127.0.0.1:{self.engine_port(instance_id)}/admin/stats", 1.0)
+        if st is None:
+            return None
+        return int(st["running"] + st["waiting"] + st["finished"] + st["aborted"])
+
+    def wait_load(self, timeout_s: float = 30.0) -> None:
+        """Until the engines took at least 20 more requests than now (``motor bench`` needs
+        a few seconds to start on a loaded machine: a fault injected before that would be
+        injected without load)."""
+        start = sum(self.received(i) or 0 for i in self.instance_ids)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if sum(self.received(i) or 0 for i in self.instance_ids) >= start + 20:
+                return
+            time.sleep(0.1)
+        raise AssertionError("no load reached the engines in time\n" + self.logs_tail())
+
+    def ctl(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[bytes]:
+        """``motor ctl ARGS --controller <every controller>`` (its output captured)."""
+        return subprocess.run([sys.executable, "-m", "motor", "ctl", *args, "--controller",
+                               ",".join(self.urls)], capture_output=True, env=ENV,
+                              timeout=timeout_s, start_new_session=True)
+
+    def bench(self, duration_s: float, name: str, concurrency: int = 16,
+              extra: list[str] | None = None) -> subprocess.Popen[bytes]:
         """``motor bench`` in a closed loop of ``concurrency`` streams for ``duration_s``."""
         out = self.tmp / f"{name}.json"
         return self._spawn(["bench", "--url", f"http://127.0.0.1:{self.api_port}",
                             "--model", "motor-sim", "--concurrency", str(concurrency),
                             "--duration", str(duration_s), "--num-requests", "1000000",
                             "--input-len", "64", "--output-len", "24", "--timeout", "60",
-                            "--json", str(out)], name)
+                            *(extra or []), "--json", str(out)], name)
 
     def bench_result(self, p: subprocess.Popen[bytes], name: str, timeout_s: float = 120
                      ) -> dict[str, Any]:
