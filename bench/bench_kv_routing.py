@@ -179,6 +179,14 @@ def main() -> int:
                         "weights) the coordinator uses")
     p.add_argument("--coordinator-log-level", default="info",
                    help="debug logs every kv_affinity decision with its terms")
+    p.add_argument("--no-oracle", action="store_true",
+                   help="skip the oracle run (its cached share then shows as 0)")
+    p.add_argument("--tokens-cost", action="store_true",
+                   help="also run kv_affinity (KV events) with coordinator.kv.cost: tokens (the "
+                        "earlier cost in prompt-token equivalents) for comparison")
+    p.add_argument("--json-out", default="",
+                   help="write each policy's mean / p99 TTFT, cached share and requests per "
+                        "sim to this JSON file (bench/bench_kv_sweep.py reads it)")
     p.add_argument("--max-model-len", type=int, default=8192)
     # timing model of an 8B dense model in bf16 on one H100 (docs/benchmarks.md):
     # decode step ~6 ms (16 GB of weights at ~3 TB/s + overhead), prefill ~27k tokens/s
@@ -192,19 +200,51 @@ def main() -> int:
     blocks = ["--num-gpu-blocks", str(a.num_gpu_blocks)]
     rows = []
     only = set(a.only.split(",")) if a.only else None
-    for label, policy, events, n, extra in (
-            ("oracle (1 sim, unbounded cache)", None, False, 1, ["--num-gpu-blocks", "1000000"]),
-            ("round_robin", "round_robin", False, 4, blocks),
-            ("kv_affinity (KV events)", "kv_affinity", True, 4, blocks),
-            ("kv_affinity (approximate)", "kv_affinity", False, 4, blocks)):
+    plan: list[tuple[str, str | None, bool, int, list[str]]] = [
+        ("oracle (1 sim, unbounded cache)", None, False, 1, ["--num-gpu-blocks", "1000000"]),
+        ("round_robin", "round_robin", False, 4, blocks),
+        ("kv_affinity (KV events)", "kv_affinity", True, 4, blocks),
+        ("kv_affinity (approximate)", "kv_affinity", False, 4, blocks)]
+    if a.no_oracle:
+        plan = plan[1:]
+    if a.tokens_cost:
+        plan.append(("kv_affinity (KV events, tokens cost)", "kv_affinity", True, 4, blocks))
+    for label, policy, events, n, extra in plan:
+        tokens = "tokens cost" in label
         if only is not None and label.split()[0] + ("-ev" if events else "") not in only \
-                and label.split()[0] != "oracle" and label.split()[0] != "round_robin":
+                and label.split()[0] != "oracle" and label.split()[0] != "round_robin" \
+                and not tokens:
             continue
-        r = run(label.split()[0] + ("-ev" if events else ""), policy, events, n, a, tmp, extra)
+        saved_cfg = a.coordinator_config
+        if tokens:
+            a.coordinator_config = f"{tmp}/tokens-cost.yaml"
+            with open(a.coordinator_config, "w") as f:
+                f.write("coordinator:\n  kv:\n    cost: tokens\n")
+        try:
+            r = run(label.split()[0] + ("-ev" if events else "") + ("-tokens" if tokens else ""),
+                    policy, events, n, a, tmp, extra)
+        finally:
+            a.coordinator_config = saved_cfg
         rows.append((label, r))
         print(f"done: {label}", file=sys.stderr)
+    if a.no_oracle:
+        oracle = 0.0
+        rows.insert(0, ("oracle (not run)", {"summary": {"cached_token_share": 0.0},
+                                             "metrics": {"TTFT": {"average": 0.0, "p90": 0.0,
+                                                                  "p99": 0.0},
+                                                         "E2EL": {"average": 0.0}},
+                                             "engines": []}))
     oracle = rows[0][1]["summary"]["cached_token_share"] or 0.0
     rr_ttft = rows[1][1]["metrics"]["TTFT"]["average"]
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump({label: {"mean_ttft_ms": r["metrics"]["TTFT"]["average"],
+                               "p99_ttft_ms": r["metrics"]["TTFT"]["p99"],
+                               "cached_share": r["summary"]["cached_token_share"],
+                               "failed": r["summary"].get("requests_failed", 0),
+                               "requests_per_sim": [int(e.get("requests", 0))
+                                                    for e in r["engines"]]}
+                       for label, r in rows if label != "oracle (not run)"}, f, indent=1)
     print(f"\n{a.conversations} conversations x {a.turns} turns, {a.groups} system prompts of "
           f"{a.prefix_len} tokens, input {a.input_len}, output {a.output_len}, concurrency "
           f"{a.concurrency}, seed {a.seed}, range ratio {a.range_ratio}, conversation sampling "
@@ -213,8 +253,10 @@ def main() -> int:
           f"{a.max_model_len}, step {a.step_fixed_ms} ms + {a.prefill_token_us} us/prefill token "
           f"+ {a.decode_token_us} us/decoding sequence\n")
     print("| policy | cached-token share | of oracle | mean TTFT (ms) | P90 TTFT (ms) | "
-          "TTFT vs round_robin | mean E2EL (ms) | failed |")
-    print("|---|---|---|---|---|---|---|---|")
+          "P99 TTFT (ms) | TTFT vs round_robin | mean E2EL (ms) | failed |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    if a.no_oracle:
+        rows = rows[1:]
     for label, r in rows:
         s = r["summary"]
         share = s["cached_token_share"] or 0.0
@@ -222,7 +264,8 @@ def main() -> int:
         e2e = r["metrics"]["E2EL"]
         speed = f"{rr_ttft / ttft['average']:.2f}x" if rr_ttft and label != rows[0][0] else "-"
         print(f"| {label} | {100 * share:.1f} % | {100 * share / oracle if oracle else 0:.0f} % | "
-              f"{ttft['average']:.1f} | {ttft['p90']:.1f} | {speed} | {e2e['average']:.1f} | "
+              f"{ttft['average']:.1f} | {ttft['p90']:.1f} | {ttft['p99']:.1f} | {speed} | "
+              f"{e2e['average']:.1f} | "
               f"{s['requests_failed']} |")
     print("\nProfile (engine side, summed over the sims): TTFT at the engine = queue (arrival "
           "-> first scheduled) + prefill (first scheduled -> first token); client TTFT - "

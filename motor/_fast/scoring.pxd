@@ -27,6 +27,31 @@ cdef struct ScoreInputs:
     Py_ssize_t k                     # number of candidates
 
 
+cdef enum:
+    TTFT_N_RATES = 3                 # columns of the rates array (see TtftInputs.rates)
+
+
+cdef struct TtftInputs:
+    const int32_t *overlap           # [n, 3]
+    const double *queued_tokens      # [n] prefill tokens queued ahead of the request, tokens
+    const double *running            # [n] sequences in the instance's batch
+    const double *rates              # [n, 3] step s, s per prefill token, s per sequence-step
+    Py_ssize_t n
+    const int32_t *cand32
+    const int64_t *cand64
+    Py_ssize_t k
+    double prompt_tokens
+    double chunk_tokens              # prefill tokens per engine step (chunked prefill budget)
+    double saved_per_block[SCORING_N_TIERS]   # block_size * tier credit
+
+
+# Predicted TTFT (seconds) per candidate into ttft[k] (may be NULL); returns the position
+# of the argmin, -1 when k == 0. Ties: lowest TTFT, then lowest queued time, then first
+# from ``start``.
+cdef Py_ssize_t ttft_ptr(const TtftInputs *x, Py_ssize_t start, double *ttft,
+                         double *best_ttft) noexcept nogil
+
+
 # Fill costs[k] (may be NULL); return the position (in candidates) of the best one,
 # -1 when k == 0. Ties: lowest cost, then lowest load, then first from ``start``.
 cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t start,

@@ -43,3 +43,18 @@ def costs(
     start: int = 0,
 ) -> int:
     """Fill out[k] with each candidate's cost; return the chosen position (-1 if k == 0)."""
+
+def pick_ttft(
+    overlap: npt.NDArray[np.int32],
+    prompt_tokens: int,
+    block_size: int,
+    tier_credit: _F64,
+    queued_tokens: _F64,
+    running: _F64,
+    rates: _F64,
+    candidates: _Cands = None,
+    chunk_tokens: float = 8192.0,
+    start: int = 0,
+    out: _F64 | None = None,
+) -> tuple[int, float]:
+    """(instance index, predicted TTFT in seconds); (-1, inf) without candidates."""

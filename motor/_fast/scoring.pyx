@@ -23,9 +23,24 @@ Tie-break (deterministic): lowest cost, then lowest load, then the first
 candidate in rotation order starting at position ``start % k`` of the candidate
 list; ``start=0`` gives the lowest position, a moving ``start`` gives round robin
 among equals.
+
+:func:`pick_ttft` prices the same choice in **time** (seconds of predicted TTFT), with
+per-instance rates (``rates[i] = (step_s, prefill_s_per_token, decode_s_per_seq)``,
+learned by :class:`motor.coordinator.policy.ttft.RateModel`)::
+
+    uncached_i = max(prompt_tokens - saved_i, 0)                         tokens
+    work_i     = queued_tokens[i] + uncached_i                           tokens
+    steps_i    = max(1, ceil(work_i / chunk_tokens))                     engine steps
+    ttft_i     = steps_i * (step_s[i] + decode_s_per_seq[i] * running[i])   seconds
+                 + prefill_s_per_token[i] * work_i
+
+(the request's prefill waits behind the prefill work queued on ``i`` and runs in
+``steps_i`` chunked steps, each paying the fixed step cost and the decode batch).
+Tie-break: lowest TTFT, then lowest queued time ``prefill_s_per_token[i] *
+queued_tokens[i] + decode_s_per_seq[i] * running[i]``, then rotation from ``start``.
 """
 from libc.stdint cimport int32_t, int64_t
-from libc.math cimport INFINITY
+from libc.math cimport INFINITY, ceil
 
 cimport numpy as cnp
 import numpy as np
@@ -259,3 +274,163 @@ def costs(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
         raise ValueError(f"out is expected to be a writeable C-contiguous array of shape "
                          f"({x.k},), got {out.shape}")
     return score_ptr(&p, &x, start, <double *>cnp.PyArray_DATA(o), &best_cost)
+
+
+# ------------------------------------------------------------------ time-based cost
+
+cdef Py_ssize_t ttft_ptr(const TtftInputs *x, Py_ssize_t start, double *ttft,
+                         double *best_ttft) noexcept nogil:
+    cdef Py_ssize_t pos, q, i, best = -1
+    cdef double saved, work, steps, t, queued_t, best_t = INFINITY, best_q = INFINITY
+    cdef const int32_t *ov
+    cdef const double *r
+    if x.k <= 0:
+        best_ttft[0] = INFINITY
+        return -1
+    start = start % x.k
+    if start < 0:
+        start += x.k
+    for q in range(x.k):
+        pos = start + q
+        if pos >= x.k:
+            pos -= x.k
+        i = x.cand32[pos] if x.cand32 != NULL else (
+            x.cand64[pos] if x.cand64 != NULL else pos)
+        ov = x.overlap + 3 * i
+        r = x.rates + TTFT_N_RATES * i
+        saved = (x.saved_per_block[0] * ov[0] + x.saved_per_block[1] * ov[1]
+                 + x.saved_per_block[2] * ov[2])
+        work = x.prompt_tokens - saved
+        if work < 0.0:
+            work = 0.0
+        work = x.queued_tokens[i] + work
+        steps = ceil(work / x.chunk_tokens)
+        if steps < 1.0:
+            steps = 1.0
+        t = steps * (r[0] + r[2] * x.running[i]) + r[1] * work
+        if ttft != NULL:
+            ttft[pos] = t
+        if t < best_t or t == best_t:
+            queued_t = r[1] * x.queued_tokens[i] + r[2] * x.running[i]
+            if t < best_t or queued_t < best_q:
+                best_t = t
+                best_q = queued_t
+                best = pos
+    best_ttft[0] = best_t
+    return best
+
+
+cdef int _prepare_ttft(TtftInputs *x, object overlap, Py_ssize_t prompt_tokens,
+                       Py_ssize_t block_size, object tier_credit, object queued_tokens,
+                       object running, object rates, object candidates,
+                       double chunk_tokens) except -1:
+    cdef ScoreParams p
+    cdef ScoreInputs s
+    cdef cnp.ndarray rt
+    cdef int t
+    if not chunk_tokens > 0.0:
+        raise ValueError(f"chunk_tokens is expected to be > 0, got {chunk_tokens}")
+    if isinstance(overlap, cnp.ndarray) and cnp.PyArray_NDIM(<cnp.ndarray>overlap) == 2:
+        # named checks of our own columns before the shared ones (overlap, credit, candidates)
+        _f64(queued_tokens, "queued_tokens", cnp.PyArray_DIM(<cnp.ndarray>overlap, 0))
+        _f64(running, "running", cnp.PyArray_DIM(<cnp.ndarray>overlap, 0))
+    _prepare(&p, &s, overlap, prompt_tokens, block_size, tier_credit, queued_tokens,
+             running, running, candidates, 0.0, 0.0, 0.0, 0.0)
+    if not isinstance(rates, cnp.ndarray):
+        raise TypeError(f"rates is expected to be a numpy float64 array, "
+                        f"got {type(rates).__name__}")
+    rt = <cnp.ndarray>rates
+    if cnp.PyArray_TYPE(rt) != cnp.NPY_FLOAT64:
+        raise TypeError(f"rates is expected to have dtype float64, got {rates.dtype}")
+    if (cnp.PyArray_NDIM(rt) != 2 or cnp.PyArray_DIM(rt, 0) != s.n
+            or cnp.PyArray_DIM(rt, 1) != TTFT_N_RATES or not cnp.PyArray_IS_C_CONTIGUOUS(rt)):
+        raise ValueError(f"rates is expected to be C-contiguous with shape ({s.n}, 3), "
+                         f"got {rates.shape}")
+    x.overlap = s.overlap
+    x.queued_tokens = s.prefill_tokens
+    x.running = s.decode_tokens
+    x.rates = <const double *>cnp.PyArray_DATA(rt)
+    x.n = s.n
+    x.cand32 = s.cand32
+    x.cand64 = s.cand64
+    x.k = s.k
+    x.prompt_tokens = p.prompt_tokens
+    x.chunk_tokens = chunk_tokens
+    for t in range(SCORING_N_TIERS):
+        x.saved_per_block[t] = p.block_size * p.credit[t]
+    return 0
+
+
+def pick_ttft(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
+              queued_tokens, running, rates, candidates=None, double chunk_tokens=8192.0,
+              Py_ssize_t start=0, out=None):
+    """Candidate with the lowest predicted TTFT (see the module docstring for the model).
+
+    Parameters
+    ----------
+    overlap : numpy.ndarray of int32, shape (n, 3), C-contiguous
+        Leading cached blocks per instance and fastest tier (``PrefixIndex.match``).
+    prompt_tokens : int
+        Prompt length in tokens, >= 0.
+    block_size : int
+        Tokens per block, > 0.
+    tier_credit : numpy.ndarray of float64, shape (3,)
+        Fraction of a cached block's prefill saved, per tier (device, host, disk).
+    queued_tokens : numpy.ndarray of float64, shape (n,)
+        Prefill tokens queued on each instance ahead of this request, tokens.
+    running : numpy.ndarray of float64, shape (n,)
+        Sequences in each instance's batch (decoding or waiting), requests.
+    rates : numpy.ndarray of float64, shape (n, 3), C-contiguous
+        Per instance: fixed step time (s), prefill time per token (s/token), decode time
+        per sequence in a step (s/sequence).
+    candidates : numpy.ndarray of int32 or int64, shape (k,), optional
+        Eligible instance indices (0..n-1), in tie-break order; None = all n.
+    chunk_tokens : float, optional
+        Prefill tokens one engine step computes at most (chunked prefill budget, vLLM's
+        ``max_num_batched_tokens``), > 0; default 8192.
+    start : int, optional
+        Rotation offset for the last tie-break (position in ``candidates``).
+    out : numpy.ndarray of float64, shape (k,), optional
+        Filled with each candidate's predicted TTFT in seconds, in candidate order.
+
+    Returns
+    -------
+    (int, float)
+        The chosen instance index (an element of ``candidates``) and its predicted TTFT
+        in seconds; ``(-1, inf)`` when there is no candidate.
+
+    Raises
+    ------
+    TypeError
+        An array of the wrong type or dtype.
+    ValueError
+        Wrong shapes, non-contiguous arrays, a candidate outside 0..n-1,
+        ``block_size <= 0``, ``prompt_tokens < 0`` or ``chunk_tokens <= 0``.
+    """
+    cdef TtftInputs x
+    cdef double best
+    cdef double *o = NULL
+    cdef cnp.ndarray oa
+    cdef Py_ssize_t pos
+    _prepare_ttft(&x, overlap, prompt_tokens, block_size, tier_credit, queued_tokens,
+                  running, rates, candidates, chunk_tokens)
+    if out is not None:
+        if not isinstance(out, cnp.ndarray):
+            raise TypeError(f"out is expected to be a numpy float64 array, "
+                            f"got {type(out).__name__}")
+        oa = <cnp.ndarray>out
+        if cnp.PyArray_TYPE(oa) != cnp.NPY_FLOAT64:
+            raise TypeError(f"out is expected to have dtype float64, got {out.dtype}")
+        if (cnp.PyArray_NDIM(oa) != 1 or cnp.PyArray_DIM(oa, 0) != x.k
+                or not cnp.PyArray_IS_C_CONTIGUOUS(oa) or not cnp.PyArray_ISWRITEABLE(oa)):
+            raise ValueError(f"out is expected to be a writeable C-contiguous array of shape "
+                             f"({x.k},), got {out.shape}")
+        o = <double *>cnp.PyArray_DATA(oa)
+    pos = ttft_ptr(&x, start, o, &best)
+    if pos < 0:
+        return -1, best
+    if x.cand32 != NULL:
+        return <Py_ssize_t>x.cand32[pos], best
+    if x.cand64 != NULL:
+        return <Py_ssize_t>x.cand64[pos], best
+    return pos, best

@@ -278,6 +278,33 @@ class KvTierCreditConfig(_Strict):
     disk: float = Field(0.25, ge=0, le=1, description="disk / remote store (`STORAGE`, `DISK`, `EXTERNAL`)")
 
 
+class KvCost(str, Enum):
+    """What ``kv_affinity`` minimises (docs/kv-routing.md, "Cost")."""
+    TIME = "time"       #: predicted TTFT in seconds, rates learned per instance
+    TOKENS = "tokens"   #: prompt-token equivalents with weights and the load guard (default)
+
+
+class KvTtftConfig(_Strict):
+    """The TTFT model of `kv.cost: time`: prior rates (until learned) and the learning."""
+    step_ms: float = Field(6.0, gt=0, description="prior fixed time of one engine step, ms "
+                                                  "(weights read once per step)")
+    prefill_us_per_token: float = Field(37.0, gt=0, description="prior prefill time per "
+                                                                "uncached prompt token, us")
+    decode_us_per_seq: float = Field(100.0, ge=0, description="prior time one sequence of the "
+                                                              "running batch adds to a step, us")
+    chunk_tokens: int = Field(8192, ge=1, description="prefill tokens an engine step computes at "
+                                                      "most (vLLM `max_num_batched_tokens`)")
+    learn: bool = Field(True, description="fit each instance's rates to its observed TTFT")
+    halflife_requests: float = Field(64.0, gt=0, description="an observation's weight in the fit "
+                                                             "halves after this many newer ones "
+                                                             "of the same instance")
+    prior_weight: float = Field(1.0, gt=0, description="weight of the prior rates in the fit, in "
+                                                       "observations")
+    engine_figures_max_age_s: float = Field(
+        5.0, gt=0, description="engine-reported waiting / running requests (multi-worker "
+                               "scrape) older than this are ignored")
+
+
 class ApproximateMode(str, Enum):
     """When the coordinator inserts what it routed into an approximate prefix index."""
     AUTO = "auto"   #: for endpoints without a KV-event publisher
@@ -322,6 +349,13 @@ class KvRoutingConfig(_Strict):
                     "tokenizer.json + tokenizer_config.json (motor sim writes "
                     "~/.cache/motor/sim-tokenizer); unlisted models use `builtin`")
     tier_credit: KvTierCreditConfig = Field(default_factory=KvTierCreditConfig)
+    cost: KvCost = Field(KvCost.TOKENS, description="`time`: the candidate with the lowest "
+                                                     "predicted TTFT (`ttft`; experimental, "
+                                                     "docs/kv-routing.md); `tokens`: prompt-token "
+                                                     "equivalents (`prefill_weight`, "
+                                                     "`decode_weight`, `queue_penalty_tokens`, "
+                                                     "`load_guard`)")
+    ttft: KvTtftConfig = Field(default_factory=KvTtftConfig)
     prefill_weight: float = Field(0.25, ge=0, description="cost per uncached prompt token in flight on "
                                                            "an instance (in flight until the answer ends, "
                                                            "so it counts prefills already done: < 1)")
@@ -584,6 +618,46 @@ class VirtualInferenceConfig(_Strict):
     prompt: str = Field("1", min_length=1, description="prompt of the 1-token completion")
 
 
+#: engine flags motor sets on an instance that spans nodes (``span``), refused in its
+#: ``engine_config``: vLLM's multi-node data parallel and SGLang's multi-node launch flags
+SPAN_FLAGS = ("data-parallel-size-local", "data-parallel-start-rank", "data-parallel-address",
+              "data-parallel-rpc-port", "headless", "nnodes", "node-rank", "dist-init-addr",
+              "dp-size-local", "dp-master", "dp-start-rank")
+
+
+class SpanConfig(_Strict):
+    """An instance whose data-parallel ranks run on several nodes: one DP master (its node
+    runs the API server) and headless nodes (docs/control-plane.md, "Instances across nodes").
+    Every node it lists declares the engine group (same name, kind, role, model,
+    served_model_name, dp_size, tp_size, engine_config and span); each declaration may set
+    its own devices, env and launcher."""
+    nodes: list[Annotated[str, Field(min_length=1)]] = Field(
+        ..., min_length=2,
+        description="the nodes of the instance by `nodes[].name`, the DP master first: node k "
+                    "runs DP ranks k x dp_size_local .. (k+1) x dp_size_local - 1")
+    dp_size_local: int | None = Field(
+        None, ge=1, le=256, description="DP ranks on each node; null = dp_size / len(nodes) "
+                                        "(dp_size must be len(nodes) x dp_size_local)")
+    master_address: Host | None = Field(
+        None, description="the address the other nodes reach the DP master at (vLLM "
+                          "--data-parallel-address, SGLang --dist-init-addr); null = the "
+                          "master node's `host`")
+    master_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="the DP master's port the other nodes connect to (vLLM "
+                    "--data-parallel-rpc-port, the port of SGLang's --dist-init-addr, motor "
+                    "sim's --dp-master); null = 29550 + the instance's position among the "
+                    "master node's instances")
+
+    @field_validator("nodes")
+    @classmethod
+    def _distinct_nodes(cls, v: list[str]) -> list[str]:
+        dup = sorted({n for n in v if v.count(n) > 1})
+        if dup:
+            raise ValueError(f"expected distinct node names, got {', '.join(dup)} more than once")
+        return v
+
+
 class EngineConfig(_Strict):
     """One engine group on a node: ``count`` instances of the same kind and role."""
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -623,6 +697,46 @@ class EngineConfig(_Strict):
     stop_timeout_s: float = Field(10.0, gt=0, description="SIGTERM -> this long -> SIGKILL of the group")
     restart: RestartConfig = Field(default_factory=RestartConfig)
     virtual_inference: VirtualInferenceConfig = Field(default_factory=VirtualInferenceConfig)
+    span: SpanConfig | None = Field(
+        None, description="the instance spans nodes (DP master + headless nodes); `count` 1, "
+                          "`dp_size` = len(span.nodes) x span.dp_size_local, `devices` and "
+                          "allocation per node for its dp_size_local x tp_size devices; null = "
+                          "every instance on this node")
+
+    @model_validator(mode="after")
+    def _span_fits_group(self) -> EngineConfig:
+        s = self.span
+        if s is None:
+            return self
+        if self.count != 1:
+            raise ValueError(f"count: expected 1 with span (one instance spans the nodes), "
+                             f"got {self.count}")
+        local = s.dp_size_local
+        if local is None and self.dp_size % len(s.nodes):
+            raise ValueError(f"span.dp_size_local: expected dp_size = {self.dp_size} to divide "
+                             f"by len(span.nodes) = {len(s.nodes)} when it is null, got null")
+        if local is not None and local * len(s.nodes) != self.dp_size:
+            raise ValueError(f"dp_size: expected len(span.nodes) x span.dp_size_local = "
+                             f"{len(s.nodes)} x {local} = {len(s.nodes) * local}, got "
+                             f"{self.dp_size}")
+        if s.master_address in ("0.0.0.0", "::"):
+            raise ValueError(f"span.master_address: expected an address the other nodes can "
+                             f"reach, got the wildcard {s.master_address!r}")
+        for raw in self.engine_config:
+            if flag_key(raw) in SPAN_FLAGS:
+                raise ValueError(f"engine_config.{raw}: expected a flag motor does not set "
+                                 f"itself (it sets --{flag_key(raw)} of an instance spanning "
+                                 f"nodes from span), got it set")
+        return self
+
+    @property
+    def dp_size_local(self) -> int:
+        """DP ranks of one instance on one node: ``span.dp_size_local`` (or ``dp_size /
+        len(span.nodes)``) with ``span``, else ``dp_size``."""
+        s = self.span
+        if s is None:
+            return self.dp_size
+        return s.dp_size_local or self.dp_size // len(s.nodes)
 
     @field_validator("devices")
     @classmethod
@@ -642,15 +756,18 @@ class EngineConfig(_Strict):
                              f"got {self.devices}")
         need = self.devices_per_instance * self.count
         if len(self.devices) != need:
+            dp = "span.dp_size_local" if self.span is not None else "dp_size"
             raise ValueError(
-                f"devices: expected count x dp_size x tp_size = {self.count} x {self.dp_size} x "
-                f"{self.tp_size} = {need} device ids, got {len(self.devices)} ({self.devices})")
+                f"devices: expected count x {dp} x tp_size = {self.count} x "
+                f"{self.dp_size_local} x {self.tp_size} = {need} device ids, got "
+                f"{len(self.devices)} ({self.devices})")
         return self
 
     @property
     def devices_per_instance(self) -> int:
-        """Devices one instance takes: ``dp_size * tp_size`` (each DP rank ``tp_size``)."""
-        return self.dp_size * self.tp_size
+        """Devices one instance takes on one node: ``dp_size * tp_size`` (each DP rank
+        ``tp_size``); with ``span``, ``dp_size_local * tp_size``."""
+        return self.dp_size_local * self.tp_size
 
     def flag_value(self, key: str) -> Any:
         """The ``engine_config`` value of flag ``key`` in any spelling (None if absent)."""
@@ -715,6 +832,10 @@ class NodeConfig(_Strict):
         return v
 
 
+#: the fields every declaration of an engine group spanning nodes has alike
+SPAN_ALIKE = ("kind", "role", "model", "served_model_name", "dp_size", "tp_size",
+              "engine_config", "span")
+
 #: the checks across fields of :class:`ClusterConfig` (and of standalone ``motor coordinator
 #: --backend``), as docs/configuration.md lists them: (fields, rule)
 CROSS_FIELD_RULES: list[tuple[str, str]] = [
@@ -744,6 +865,10 @@ CROSS_FIELD_RULES: list[tuple[str, str]] = [
      "the vLLM prefill (decode) engines of a model share one `dp_size` / `tp_size` when motor "
      "fills in a vLLM decode (prefill) engine's `kv_connector_extra_config`, unless that engine's "
      "`engine_config.kv_transfer_config.kv_connector_extra_config` names the other side"),
+    ("`nodes[].engines[].span`", "every node it lists exists and declares the engine group "
+     "with the same kind, role, model, served_model_name, dp_size, tp_size, engine_config and "
+     "span; `count` 1; `dp_size` = len(nodes) x dp_size_local; no vLLM / SGLang multi-node flag "
+     "in `engine_config`; the master reachable (not a wildcard address)"),
     ("every `host`", "an IPv4 / IPv6 address or a DNS host name of RFC 1123 labels"),
     ("`nodes[].name`; `nodes[].engines[].name` within a node", "unique"),
     ("every port (`controller.port`, `coordinator.port`, `coordinator.management_port`, "
@@ -810,7 +935,49 @@ class ClusterConfig(_Strict):
         self._check_priorities()
         self._check_devices()
         self._check_pd_peers()
+        self._check_spans()
         return self
+
+    def _check_spans(self) -> None:
+        """Every node an instance spans declares its engine group, alike (see
+        :class:`SpanConfig`)."""
+        names = [n.name for n in self.nodes]
+        for i, n in enumerate(self.nodes):
+            for j, e in enumerate(n.engines):
+                s = e.span
+                if s is None:
+                    continue
+                at = f"nodes[{i}].engines[{j}]"
+                for k, name in enumerate(s.nodes):
+                    if name not in names:
+                        raise ValueError(f"{at}.span.nodes[{k}]: expected a node name of the "
+                                         f"config ({', '.join(names)}), got {name!r}")
+                if n.name not in s.nodes:
+                    raise ValueError(f"{at}.span.nodes: expected the node that declares the "
+                                     f"group ({n.name!r}) among them, got {s.nodes}")
+                for name in s.nodes:
+                    i2 = names.index(name)
+                    other = next((e2 for e2 in self.nodes[i2].engines if e2.name == e.name), None)
+                    if other is None:
+                        raise ValueError(
+                            f"nodes[{i2}].engines: expected an engine group {e.name!r} (its "
+                            f"instance spans node {name!r}: {at}.span.nodes), got none")
+                    for field in SPAN_ALIKE:
+                        a, b = getattr(e, field), getattr(other, field)
+                        if a != b:
+                            j2 = self.nodes[i2].engines.index(other)
+                            raise ValueError(
+                                f"nodes[{i2}].engines[{j2}].{field}: expected the same value as "
+                                f"{at}.{field} (one instance spanning nodes), got {_short(b)} "
+                                f"and {_short(a)}")
+                if e.kind is EngineKind.SIM or s.master_address is not None:
+                    continue
+                master = self.nodes[names.index(s.nodes[0])]
+                if master.host in ("0.0.0.0", "::"):
+                    raise ValueError(
+                        f"{at}.span.master_address: expected an address when the master node's "
+                        f"host is the wildcard {master.host!r} (the other nodes connect to it), "
+                        f"got null")
 
     def _check_devices(self) -> None:
         """No device of a node in two engine groups, none beyond ``nodes[].devices``."""
@@ -989,7 +1156,9 @@ class ClusterConfig(_Strict):
             if nm:
                 claim(n.host, nm, f"nodes[{i}].mgmt_port")
             for j, e in enumerate(n.engines):
-                for k in range(e.count * e.dp_size):
+                if e.span is not None and e.span.nodes[0] != n.name:
+                    continue   # a headless part: no API port
+                for k in range(1 if e.span is not None else e.count * e.dp_size):
                     inst, rank = divmod(k, e.dp_size)
                     what = f"nodes[{i}].engines[{j}].base_port" + (
                         f" (instance {inst}" + (f", DP rank {rank})" if e.dp_size > 1 else ")")

@@ -135,6 +135,40 @@ def document() -> dict[str, Any]:
         "/metrics": {"get": {"summary": "Prometheus text format (docs/metrics.md)",
                              "responses": {"200": {"description": "OK", "content": {
                                  "text/plain": {"schema": {"type": "string"}}}}}}},
+        "/metrics/engines": {"get": {
+            "summary": "The engines' own /metrics (vLLM, SGLang, motor sim) with the labels "
+                       "motor_instance, motor_node, motor_role, dp_rank added, and "
+                       "motor_engine_scrape_up / _duration_seconds / _samples per endpoint "
+                       "(scraped at most once a second; docs/metrics.md)",
+            "responses": {"200": {"description": "Prometheus text format 0.0.4", "content": {
+                "text/plain": {"schema": {"type": "string"}}}}, **_FOLLOWER}}},
+        "/v1/engines": {"get": {
+            "summary": "The engines' load per endpoint, from their /metrics (the cluster page "
+                       "reads it)",
+            "responses": {"200": _json(_obj({
+                "scraped_at": {"type": "number", "description": "Unix seconds"},
+                "scrape_s": {"type": "number", "description": "the scrape round, seconds"},
+                **version,
+                "endpoints": {"type": "array", "items": _obj({
+                    "instance": {"type": "string"}, "node": {"type": "string"},
+                    "role": {"type": "string"}, "dp_rank": {"type": "integer"},
+                    "url": {"type": "string"},
+                    "up": {"type": "boolean", "description": "its /metrics answered in time"},
+                    "error": {"type": ["string", "null"]},
+                    "scrape_s": {"type": "number"},
+                    "waiting": {"type": ["number", "null"]},
+                    "running": {"type": ["number", "null"]},
+                    "kv_usage": {"type": ["number", "null"], "description": "0..1"},
+                    "prefix_hits": {"type": ["number", "null"], "description": "tokens"},
+                    "prefix_queries": {"type": ["number", "null"], "description": "tokens"},
+                    "prefix_hit_ratio": {"type": ["number", "null"], "description": "0..1"},
+                    "ttft_sum_s": {"type": ["number", "null"]},
+                    "ttft_count": {"type": ["number", "null"]}})}})),
+                **_FOLLOWER}}},
+        "/cluster": {"get": {
+            "summary": "The live cluster page (HTML, inline script; polls the JSON routes)",
+            "responses": {"200": {"description": "OK", "content": {
+                "text/html": {"schema": {"type": "string"}}}}, **_FOLLOWER}}},
     }
     return {"openapi": "3.1.0",
             "info": {"title": "motor controller", "version": "1",

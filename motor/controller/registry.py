@@ -24,6 +24,11 @@ until the node manager's heartbeats acknowledge the action::
 
 ``removed`` instances leave the table; the state exists for logs and metrics only.
 
+Instances spanning nodes (registered in parts, ``NodeRegistration.parts``) are assembled by
+:class:`motor.controller.assembly.Assembler` (``self.assembly``): it decides their entries
+(in the table once every part registered; ready only when every part is healthy) and the
+orders returned to each node manager (:meth:`Registry.orders`).
+
 With etcd (:mod:`motor.controller.ha`), every change marks the nodes it touched dirty
 (:meth:`Registry.take_dirty`) and the leader writes their records (:meth:`Registry.node_record`)
 in one fenced transaction; a new leader rebuilds the registry from them
@@ -49,8 +54,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from motor.protocol.instances import (Heartbeat, Instance, InstanceState, InstanceTable,
-                                      NodeRegistration)
+from motor.controller.assembly import Assembler, Update
+from motor.protocol.instances import (Heartbeat, Instance, InstancePart, InstanceState,
+                                      InstanceTable, NodeRegistration, PartOrder)
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +138,8 @@ class Registry:
         self._dirty: set[str] = set()
         #: called with each batch of transitions after a commit (metrics, persistence)
         self.listeners: list[Callable[[list[Transition]], None]] = []
+        #: instances spanning nodes (:mod:`motor.controller.assembly`)
+        self.assembly = Assembler()
 
     # ------------------------------------------------------------------ queries
     def table(self) -> InstanceTable:
@@ -192,7 +200,34 @@ class Registry:
             e = self._entries.get(iid)
             if e is not None:
                 insts.append({"instance": e.inst.model_dump(mode="json"), "admin": e.admin})
-        return {"node": n.name, "host": n.host, "mgmt_port": n.mgmt_port, "instances": insts}
+        rec: dict[str, object] = {"node": n.name, "host": n.host, "mgmt_port": n.mgmt_port,
+                                  "instances": insts}
+        parts = self.assembly.records(name)
+        if parts:
+            rec["parts"] = parts
+        return rec
+
+    def orders(self, node: str) -> list[PartOrder]:
+        """What ``node``'s parts of instances spanning nodes run now (the answers' ``parts``)."""
+        return self.assembly.orders(node)
+
+    def _apply(self, updates: list[Update], now: float) -> list[Transition]:
+        """The assembler's updates of spanning instances, applied to the table."""
+        out: list[Transition] = []
+        for u in updates:
+            self._dirty.update(n for n in u.nodes if n in self._nodes)
+            e = self._entries.get(u.instance)
+            if u.inst is None:
+                if e is not None:
+                    out.append(self._drop(u.instance, u.reason))
+            elif e is None:
+                self._entries[u.instance] = _Entry(u.inst, now)
+                out.append(Transition(u.instance, None, u.inst.state, u.reason))
+            else:
+                old = e.inst.state
+                e.inst, e.since = u.inst, now
+                out.append(Transition(u.instance, old, u.inst.state, u.reason))
+        return out
 
     def take_dirty(self) -> set[str]:
         """The nodes changed since the last call (and forget them)."""
@@ -232,6 +267,18 @@ class Registry:
             for inst, admin in insts:
                 entries[inst.id] = _Entry(inst, now, admin if admin in _ADMIN_STATES else None)
         self._nodes, self._entries = nodes, entries
+        self.assembly = Assembler()
+        for rec in records:
+            raw_parts = rec.get("parts") or []
+            try:
+                if not isinstance(raw_parts, list):
+                    raise TypeError(f"expected a list, got {type(raw_parts).__name__}")
+                parts = [InstancePart.model_validate(p) for p in raw_parts]
+            except Exception as e:
+                raise ValueError(f"node record {rec.get('node')!r} in etcd: parts do not "
+                                 f"validate: {e}") from e
+            if parts:
+                self._apply(self.assembly.register(str(rec.get("node")), parts, now), now)
         self.version = self.initial_version = max(self.version, version + 1)
         self._table_cache = None
         self._dirty.clear()
@@ -254,11 +301,20 @@ class Registry:
         ids = [s.id for s in reg.instances]
         if len(set(ids)) != len(ids):
             raise RegistryConflict(f"node {reg.node!r} registers the same instance id twice")
+        spanning = self.assembly.ids()
         for s in reg.instances:
             e = self._entries.get(s.id)
+            if s.id in spanning:
+                raise RegistryConflict(f"instance {s.id!r} spans nodes (registered in parts), "
+                                       f"not an instance of node {reg.node!r} alone")
             if e is not None and e.inst.node != reg.node:
                 raise RegistryConflict(f"instance {s.id!r} is already registered by node "
                                        f"{e.inst.node!r}, not {reg.node!r}")
+        taken = {iid for iid in self._entries if iid not in spanning} | set(ids)
+        try:
+            self.assembly.check_parts(reg.node, reg.parts, taken)
+        except ValueError as e:
+            raise RegistryConflict(str(e)) from None
         changes: list[Transition] = []
         old = self._nodes.get(reg.node)
         if old is not None:
@@ -273,6 +329,7 @@ class Registry:
                 Instance(**s.model_dump(), node=reg.node, state=state, reason=reason), now)
             changes.append(Transition(s.id, prev.inst.state if prev else None, state, reason))
         self._nodes[reg.node] = _Node(reg.node, reg.host, now, ids, reg.mgmt_port)
+        changes += self._apply(self.assembly.register(reg.node, reg.parts, now), now)
         self._dirty.add(reg.node)
         logger.info("node %s registered (%s) with %d instance(s)", reg.node, reg.host, len(ids))
         return self._commit(changes, force=True)
@@ -329,6 +386,8 @@ class Registry:
             if new is not cur:
                 changes.append(self._set(e, new, why, now))
                 self._dirty.add(node.name)
+        if hb.parts or self.assembly.orders(hb.node):
+            changes += self._apply(self.assembly.heartbeat(hb.node, hb.parts, now), now)
         return True, self._commit(changes)
 
     def act(self, instance_id: str, action: str, drain: bool = True) -> int:
@@ -366,6 +425,8 @@ class Registry:
         self._dirty.add(node)
         changes = [self._drop(iid, "node deregistered") for iid in n.instance_ids
                    if iid in self._entries]
+        changes += self._apply(self.assembly.forget(node, "node deregistered", self.clock()),
+                               self.clock())
         logger.info("node %s deregistered", node)
         return True, self._commit(changes, force=True)
 
@@ -379,6 +440,7 @@ class Registry:
             silent = now - node.last_heartbeat
             if silent < self.heartbeat_timeout_s:
                 continue
+            changes += self._apply(self.assembly.silent(name, silent, now), now)
             for iid in list(node.instance_ids):
                 e = self._entries.get(iid)
                 if e is None:
@@ -396,7 +458,10 @@ class Registry:
             if not node.instance_ids and silent >= self.heartbeat_timeout_s + self.remove_after_s:
                 del self._nodes[name]
                 self._dirty.add(name)
+                changes += self._apply(self.assembly.forget(
+                    name, f"no heartbeat for {silent:.1f} s", now), now)
                 logger.info("node %s forgotten: no heartbeat for %.1f s", name, silent)
+        changes += self._apply(self.assembly.check(now), now)
         return self._commit(changes)
 
     # ---------------------------------------------------------------- watching

@@ -38,6 +38,7 @@ from pydantic import ValidationError
 from motor.http.server import ListenError, bind_error_reason  # noqa: F401
 from motor.config.schema import ControllerConfig
 from motor.control_tls import client_context, server_context
+from motor.controller import engine_metrics, page
 from motor.controller.ha import Leadership
 from motor.controller.registry import (ACTIONS, Clock, Registry, RegistryConflict, Transition,
                                       UnknownInstance)
@@ -309,6 +310,9 @@ class ControllerServer:
         r.add("GET", "/health", self._health)
         r.add("GET", "/readiness", self._readiness)
         r.add("GET", "/metrics", self._metrics)
+        r.add("GET", "/metrics/engines", self._engine_metrics)
+        r.add("GET", "/v1/engines", self._engine_summary)
+        r.add("GET", "/cluster", self._cluster_page)
         return r
 
     async def _register(self, req: Request, resp: Response) -> None:
@@ -325,7 +329,7 @@ class ControllerServer:
         if not await self._persisted(resp):
             return
         self.metrics.registrations.inc()
-        resp.send(200, orjson.dumps({"version": version}))
+        resp.send(200, orjson.dumps({"version": version, **self._orders(reg.node)}))
 
     async def _heartbeat(self, req: Request, resp: Response) -> None:
         if self._follower(req, resp):
@@ -340,7 +344,14 @@ class ControllerServer:
         self.metrics.heartbeats.labels("true" if known else "false").inc()
         if not known:
             logger.info("heartbeat from unknown node %s: asking it to register", hb.node)
-        resp.send(200, orjson.dumps({"known": known, "version": version}))
+        resp.send(200, orjson.dumps({"known": known, "version": version,
+                                     **self._orders(hb.node)}))
+
+    def _orders(self, node: str) -> dict[str, object]:
+        """``{"parts": [orders]}`` for a node with parts of instances spanning nodes
+        (:mod:`motor.controller.assembly`), else nothing."""
+        orders = self.registry.orders(node)
+        return {"parts": [o.model_dump() for o in orders]} if orders else {}
 
     async def _deregister(self, req: Request, resp: Response) -> None:
         if self._follower(req, resp):
@@ -493,6 +504,33 @@ class ControllerServer:
             m.etcd_up.clear()
             m.etcd_up.labels(self.ha.session.endpoint).set(1 if self.ha.etcd_reachable else 0)
         resp.send(200, generate_latest(m.registry), content_type=CONTENT_TYPE_LATEST.encode())
+
+    # ------------------------------------------- engines' figures, the cluster page
+    def _engine_scraper(self) -> engine_metrics.EngineScraper:
+        """The scraper of :mod:`motor.controller.engine_metrics`, made on first use."""
+        s: engine_metrics.EngineScraper | None = getattr(self, "_engines", None)
+        if s is None:
+            s = self._engines = engine_metrics.EngineScraper(lambda: self.registry.table())
+        return s
+
+    async def _engine_metrics(self, req: Request, resp: Response) -> None:
+        """``GET /metrics/engines``: the engines' /metrics with instance labels (leader)."""
+        if self._follower(req, resp):
+            return
+        resp.send(200, await self._engine_scraper().render(),
+                  content_type=engine_metrics.CONTENT_TYPE)
+
+    async def _engine_summary(self, req: Request, resp: Response) -> None:
+        """``GET /v1/engines``: the engines' load per endpoint, JSON (leader)."""
+        if self._follower(req, resp):
+            return
+        resp.send(200, orjson.dumps(await self._engine_scraper().summary()))
+
+    async def _cluster_page(self, req: Request, resp: Response) -> None:
+        """``GET /cluster``: the live cluster page (leader; :mod:`motor.controller.page`)."""
+        if self._follower(req, resp):
+            return
+        resp.send(200, page.PAGE_BYTES, content_type=page.CONTENT_TYPE)
 
 
 def _with_leader(body: bytes, leader: str | None) -> bytes:

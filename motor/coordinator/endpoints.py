@@ -49,7 +49,7 @@ class EndpointState:
                  "dp_rank", "url", "ready", "breaker", "inflight",
                  "inflight_tokens", "inflight_prefill_tokens", "inflight_decode_tokens", "pool",
                  "kv_events", "bootstrap_port", "waiting", "_gauge", "shared", "max_model_len",
-                 "learned")
+                 "learned", "timing")
 
     def __init__(self, instance_id: str, model: str | None, role: Role, host: str, port: int,
                  dp_rank: int, pool: Pool, engine: EngineKind | None = None,
@@ -60,6 +60,8 @@ class EndpointState:
         self.model = model
         self.models: set[str] = {model} if model else set()
         self.role = role
+        #: the instance's latency histograms (per-instance TTFT / TPOT), resolved once
+        self.timing = metrics.instance_timing(instance_id, role)
         self.engine = engine
         self.host = host
         self.port = port
@@ -178,9 +180,12 @@ class Lease:
 
     :meth:`prefill_done` moves its prefill tokens out of the endpoint's in-flight prefill
     at the first token; :meth:`release` gives back what is still counted. Both are
-    idempotent, so a request path can release in a ``finally`` whatever happened."""
+    idempotent, so a request path can release in a ``finally`` whatever happened.
+    :meth:`watch` installs a callback that gets the attempt's TTFT (seconds from
+    :meth:`watch` to :meth:`prefill_done` or :meth:`answered`, once; a released lease
+    reports nothing): the routing policy's learning (``kv_affinity``)."""
 
-    __slots__ = ("ep", "tokens", "prefill_tokens", "decode_tokens", "_held")
+    __slots__ = ("ep", "tokens", "prefill_tokens", "decode_tokens", "_held", "watcher", "_t0")
 
     def __init__(self, ep: EndpointState, tokens: int, prefill_tokens: int,
                  decode_tokens: int) -> None:
@@ -189,9 +194,27 @@ class Lease:
         self.prefill_tokens = prefill_tokens
         self.decode_tokens = decode_tokens
         self._held = True
+        #: the TTFT callback (:meth:`watch`), None when nothing learns from this attempt
+        self.watcher: Callable[[float], object] | None = None
+
+    def watch(self, cb: Callable[[float], object] | None) -> None:
+        """Call ``cb(ttft_s)`` at the first token (:meth:`prefill_done`) or whole answer
+        (:meth:`answered`), timed from now; None: nothing to call."""
+        if cb is not None:
+            self.watcher = cb
+            self._t0 = time.perf_counter()
+
+    def answered(self) -> None:
+        """A whole (non-streamed) answer came: its time is the attempt's TTFT."""
+        cb = self.watcher
+        if cb is not None:
+            self.watcher = None
+            cb(time.perf_counter() - self._t0)
 
     def prefill_done(self) -> None:
         """The engine sent this request's first token (its prefill is over)."""
+        if self.watcher is not None:
+            self.answered()
         if self._held and self.prefill_tokens:
             self.ep.prefill_done(self.prefill_tokens)
             self.prefill_tokens = 0
@@ -200,6 +223,7 @@ class Lease:
         """Give the load back (once; later calls do nothing)."""
         if self._held:
             self._held = False
+            self.watcher = None
             self.ep.release(self.tokens, self.prefill_tokens, self.decode_tokens)
 
     @property
@@ -338,7 +362,8 @@ class EndpointTable:
     def _retire(self, ep: EndpointState, why: str) -> None:
         """An endpoint left the table: re-dispatch what waits on it, close its pool if no other
         endpoint shares it, and drop its per-endpoint metric series (no gauge of a dead
-        instance stays on /metrics)."""
+        instance stays on /metrics), and the instance's latency histograms with its last
+        endpoint."""
         ep.evict_waiting(why)
         if not any(e.host == ep.host and e.port == ep.port for e in self.endpoints.values()):
             self.client.discard(ep.host, ep.port)
@@ -347,6 +372,8 @@ class EndpointTable:
                 metric.remove(ep.instance_id, ep.url)
             except KeyError:
                 pass
+        if not any(e.instance_id == ep.instance_id for e in self.endpoints.values()):
+            metrics.forget_instance(ep.instance_id)
 
     def apply(self, table: InstanceTable) -> None:
         """Replace the endpoints with the controller's table (instances in state ``ready``

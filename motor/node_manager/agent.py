@@ -27,6 +27,14 @@ Lifecycle (management API, :meth:`NodeAgent.act`): ``POST /v1/instances/{id}/dra
 instance is sent in heartbeats' ``stopped``: not restarted by the restart policy, not
 ``failed``. The API's OpenAPI document: :func:`openapi_document` (``GET /openapi.json``).
 
+Instances spanning nodes (config ``engines[].span``, :class:`EnginePart`): this node's part
+is registered in ``parts`` and started only when the controller's answer (register or
+heartbeat) orders it to run at an epoch (``parts: [{instance, epoch, run, master_host,
+master_port}]``), with the DP master's address of that order; a new epoch stops the part's
+processes and starts them fresh, ``run: false`` stops them. The part's processes are never
+restarted here: an exit makes the part ``failed`` in the heartbeat's ``parts`` and the
+controller restarts the whole instance (:mod:`motor.controller.assembly`).
+
 Environment: ``MOTOR_ENGINE_LOG_DIR`` (engine logs, see ``log_dir``),
 ``MOTOR_ENGINE_START_ATTEMPTS`` (an integer >= 1: failed starts in a row of an engine that was
 never healthy after which the node manager gives up on it; ``motor up`` sets it so a bad
@@ -62,7 +70,7 @@ from motor.node_manager.npu import NpuMonitor
 from motor.node_manager.supervisor import EngineProcess, ProcState
 from motor.protocol.engine_metrics import parse_engine_metrics
 from motor.protocol.instances import (EngineHealth, Heartbeat, NodeRegistration, NpuChip,
-                                      VirtualInferenceStatus)
+                                      PartOrder, PartReport, VirtualInferenceStatus)
 from motor.protocol.openai import error_body
 
 #: worst first: the instance's state in heartbeats is its worst process's
@@ -208,6 +216,56 @@ class EngineInstance:
                 "processes": [p.status() for p in self.processes]}
 
 
+class EnginePart:
+    """This node's part of an instance spanning nodes: its processes run at the epoch the
+    controller ordered (``epoch``; 0 = none runs), rebuilt for each epoch."""
+
+    def __init__(self, plan: InstancePlan) -> None:
+        assert plan.part is not None
+        self.plan = plan
+        self.processes: list[EngineProcess] = []
+        self.epoch = 0
+        #: the controller's latest order (applied by ``task``)
+        self.order: PartOrder | None = None
+        self.task: asyncio.Task[None] | None = None
+        #: epochs started (the first start included)
+        self.starts = 0
+
+    @property
+    def id(self) -> str:
+        return self.plan.id
+
+    @property
+    def healthy(self) -> bool:
+        return self.epoch > 0 and bool(self.processes) and all(p.healthy for p in self.processes)
+
+    @property
+    def failed(self) -> bool:
+        return self.epoch > 0 and any(p.failed for p in self.processes)
+
+    @property
+    def reason(self) -> str | None:
+        if self.epoch == 0:
+            return "waiting for the controller to assemble the instance"
+        for p in self.processes:
+            if p.state is not ProcState.READY:
+                return f"{p.name}: {p.reason or p.state.value}"
+        return None
+
+    def report(self) -> PartReport:
+        return PartReport(epoch=self.epoch, healthy=self.healthy, failed=self.failed,
+                          reason=self.reason)
+
+    def status(self) -> dict[str, object]:
+        pp = self.plan.part
+        assert pp is not None
+        return {"id": self.id, "node_rank": pp.node_rank, "master": pp.master,
+                "dp_ranks": [pp.dp_start_rank, pp.dp_start_rank + pp.dp_size_local - 1],
+                "epoch": self.epoch, "starts": self.starts, "healthy": self.healthy,
+                "failed": self.failed, "reason": self.reason,
+                "processes": [p.status() for p in self.processes]}
+
+
 def parse_url(url: str) -> tuple[str, int]:
     """``http(s)://HOST[:PORT]`` (or ``HOST:PORT``) -> (host, port); port 80 / 443 by default."""
     u = urlsplit(url if "//" in url else "http://" + url)
@@ -271,6 +329,9 @@ class NodeAgent:
         #: the leading controller among ``controller_url``'s (a follower's 307 is followed)
         self.link = ControllerLink(urls, self.client, tls)
         self.instances: list[EngineInstance] = []
+        #: this node's parts of instances spanning nodes
+        self.parts: list[EnginePart] = []
+        self._start_attempts: int | None = None
         self.registered = False
         self._ever_registered = False
         self.controller_reachable = False
@@ -338,8 +399,11 @@ class NodeAgent:
         logger.info("node manager %s: %d instance(s), engine logs in %s, controller %s",
                     self.node.name, len(self.plans), self.log_dir, self.controller_url)
         self.npu.start()  # says once whether npu-smi is there
-        attempts = start_attempts_from_env()
+        attempts = self._start_attempts = start_attempts_from_env()
         for plan in self.plans:
+            if plan.part is not None:
+                self.parts.append(EnginePart(plan))   # started on the controller's order
+                continue
             j = next(k for k, e in enumerate(self.node.engines) if e is plan.engine)
             field = (f"engines[{j}].launcher of node {self.node.name}" if plan.engine.launcher
                      else f"the default launcher of kind {plan.engine.kind.value}; set "
@@ -361,8 +425,9 @@ class NodeAgent:
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None
-        await cancel_and_wait(*(i.task for i in self.instances))
-        await asyncio.gather(*(p.stop() for i in self.instances for p in i.processes))
+        await cancel_and_wait(*(i.task for i in self.instances), *(p.task for p in self.parts))
+        await asyncio.gather(*(p.stop() for i in self.instances for p in i.processes),
+                             *(p.stop() for part in self.parts for p in part.processes))
         await self.npu.stop()
         self._clean_log_dir()
         if self.registered:
@@ -387,6 +452,7 @@ class NodeAgent:
             return
         self._temp_log_dir = False
         failed = [p.name for i in self.instances for p in i.processes if p.had_failure]
+        failed += [p.name for part in self.parts for p in part.processes if p.had_failure]
         if failed:
             logger.warning("node manager %s: engine logs kept in %s (engine(s) that failed: %s)",
                            self.node.name, self.log_dir, ", ".join(failed))
@@ -397,7 +463,8 @@ class NodeAgent:
     def registration(self) -> NodeRegistration:
         return NodeRegistration(node=self.node.name, host=self.node.host,
                                 instances=[i.plan.spec(healthy=i.healthy) for i in self.instances],
-                                mgmt_port=self.mgmt_port)
+                                mgmt_port=self.mgmt_port,
+                                parts=[p.plan.part_info(p.epoch) for p in self.parts])
 
     def heartbeat(self) -> Heartbeat:
         return Heartbeat(node=self.node.name,
@@ -408,7 +475,8 @@ class NodeAgent:
                          npu=[NpuChip(**c) for c in self.npu.snapshot()],
                          draining=[i.id for i in self.instances
                                    if i.admin is AdminState.DRAINING],
-                         stopped=[i.id for i in self.instances if i.admin is AdminState.STOPPED])
+                         stopped=[i.id for i in self.instances if i.admin is AdminState.STOPPED],
+                         parts={p.id: p.report() for p in self.parts})
 
     async def _post(self, path: str, body: object, timeout_s: float) -> dict[str, object]:
         data = body.model_dump_json().encode() if hasattr(body, "model_dump_json") \
@@ -436,6 +504,7 @@ class NodeAgent:
                     logger.info("node manager %s: registered %d instance(s) with %s (version %s)",
                                 self.node.name, len(self.instances), self.controller_url,
                                 r.get("version"))
+                    self._on_orders(r.get("parts"))
                 else:
                     self._dirty.clear()
                     self._sent += 1
@@ -446,6 +515,7 @@ class NodeAgent:
                                     "(restarted?): registering again", self.node.name)
                         self.registered = False
                         continue
+                    self._on_orders(r.get("parts"))
                     self._acked = seq
                     self._beat.set()
                     self._beat = asyncio.Event()
@@ -483,6 +553,74 @@ class NodeAgent:
                 await asyncio.sleep(0.01)  # coalesce a burst of changes
             except TimeoutError:
                 pass
+
+    # ------------------------------------------------- parts of instances spanning nodes
+    def _on_orders(self, raw: object) -> None:
+        """Apply the controller's orders for this node's parts (``parts`` of its answer)."""
+        if not isinstance(raw, list) or not self.parts:
+            return
+        for item in raw:
+            try:
+                order = PartOrder.model_validate(item)
+            except ValidationError as e:
+                logger.warning("node manager %s: ignoring a part order the controller sent: "
+                               "%s", self.node.name, _first_error(e))
+                continue
+            part = next((p for p in self.parts if p.id == order.instance), None)
+            if part is None:
+                continue
+            part.order = order
+            if part.task is None and self._order_differs(part, order):
+                part.task = asyncio.create_task(self._follow_orders(part),
+                                                name=f"part {part.id}")
+
+    @staticmethod
+    def _order_differs(part: EnginePart, order: PartOrder) -> bool:
+        if order.run:
+            return part.epoch != order.epoch
+        return part.epoch != 0 or any(p.supervised for p in part.processes)
+
+    async def _follow_orders(self, part: EnginePart) -> None:
+        """Stop the part's processes / start them at the ordered epoch until the part matches
+        the controller's latest order."""
+        try:
+            while part.order is not None and self._order_differs(part, part.order):
+                order = part.order
+                if part.processes:
+                    why = (f"the instance restarts as a whole (epoch {order.epoch})"
+                           if order.run else "the controller stopped the instance's parts")
+                    await asyncio.shield(asyncio.gather(*(p.stop(why) for p in part.processes)))
+                    logger.info("instance %s: this node's part stopped: %s", part.id, why)
+                part.epoch = 0
+                self._dirty.set()
+                if not order.run:
+                    continue
+                pp = part.plan.part
+                assert pp is not None
+                host = order.master_host or pp.master_host
+                port = order.master_port or pp.master_port
+                part.processes = [
+                    EngineProcess(spec, part.plan.engine, self.log_dir or ".", self.client,
+                                  on_change=self._dirty.set, npu=self.npu, instance=part.id,
+                                  start_attempts=self._start_attempts,
+                                  launcher_field=f"the launcher of engine {part.plan.engine.name}",
+                                  restart_on_exit=False)
+                    for spec in pp.build(host, port)]
+                for p in part.processes:
+                    p.start(fresh=True)
+                part.epoch = order.epoch
+                part.starts += 1
+                self._dirty.set()
+                logger.info("instance %s: node rank %d of %d (DP ranks %d-%d) started at epoch "
+                            "%d, DP master %s:%d", part.id, pp.node_rank, len(pp.nodes),
+                            pp.dp_start_rank, pp.dp_start_rank + pp.dp_size_local - 1,
+                            order.epoch, host, port)
+        except asyncio.CancelledError:
+            raise
+        except Exception:   # pragma: no cover - a bug; the node manager goes on
+            logger.exception("instance %s: following the controller's order failed", part.id)
+        finally:
+            part.task = None
 
     # ------------------------------------------------------------ lifecycle
     def instance(self, instance_id: str) -> EngineInstance | None:
@@ -668,9 +806,9 @@ class NodeAgent:
         total = 0.0
         unread: set[str] = set()
         for p in inst.processes:
-            if p.pid is None:
-                continue
             ep = p.spec.endpoint
+            if p.pid is None or ep is None:
+                continue
             try:
                 status, raw = await self.client.get_json_bytes(ep.host, ep.port, "/metrics",
                                                                METRICS_TIMEOUT_S)
@@ -702,22 +840,26 @@ class NodeAgent:
         return {"node": self.node.name, "controller": self.controller_url,
                 "registered": self.registered, "controller_reachable": self.controller_reachable,
                 "log_dir": self.log_dir, "instances": [i.status() for i in self.instances],
+                "parts": [p.status() for p in self.parts],
                 "npu": {"enabled": self.npu.enabled, "last_error": self.npu.last_error,
                         "chips": self.npu.snapshot()}}
 
     def _update_metrics(self) -> None:
-        for i in self.instances:
-            for p in i.processes:
-                self._g_healthy.labels(i.id, p.name).set(1 if p.healthy else 0)
-                self._g_restarts.labels(i.id, p.name).set(p.restarts)
-                self._g_failed.labels(i.id, p.name).set(1 if p.failed else 0)
+        groups: list[tuple[str, list[EngineProcess]]] = [(i.id, i.processes)
+                                                         for i in self.instances]
+        groups += [(part.id, part.processes) for part in self.parts]
+        for iid, procs in groups:
+            for p in procs:
+                self._g_healthy.labels(iid, p.name).set(1 if p.healthy else 0)
+                self._g_restarts.labels(iid, p.name).set(p.restarts)
+                self._g_failed.labels(iid, p.name).set(1 if p.failed else 0)
                 vi = p.vi
                 if vi is not None:
-                    self._g_vi_failures.labels(i.id, p.name).set(vi.failures)
-                    self._g_vi_unhealthy.labels(i.id, p.name).set(1 if vi.unhealthy else 0)
+                    self._g_vi_failures.labels(iid, p.name).set(vi.failures)
+                    self._g_vi_unhealthy.labels(iid, p.name).set(1 if vi.unhealthy else 0)
                     for result, n in (("ok", vi.ok_rounds), ("failed", vi.failed_rounds),
                                       ("busy", vi.busy_rounds)):
-                        self._g_vi_rounds.labels(i.id, p.name, result).set(n)
+                        self._g_vi_rounds.labels(iid, p.name, result).set(n)
         self._g_ctrl.set(1 if self.controller_reachable else 0)
         if not self.npu.enabled:
             return

@@ -34,6 +34,12 @@ Stopping (and cleaning up after an engine that exited by itself): SIGTERM to the
 wait up to ``stop_timeout_s`` for the leader to exit and the group to be empty -> SIGKILL
 to the group.
 
+Parts of an instance spanning nodes (``restart_on_exit=False``): an exit is not restarted
+here (the process is ``failed`` with the reason; the controller restarts the whole instance,
+every node's part together, and the node manager starts it again with ``start(fresh=True)``).
+A headless part (``ProcessSpec.endpoint`` None: no API port) has no port check and no health
+probe: it is ``ready`` while it runs.
+
 Health: a :class:`~motor.node_manager.health.HealthProbe` per process start; for DP rank 0 of
 an engine with virtual inference on, a :class:`~motor.node_manager.health.VirtualInference`
 starts at the first healthy ``/health``. The process is ``ready`` while ``/health`` is healthy
@@ -219,14 +225,20 @@ class EngineProcess:
     launcher_field : str or None
         the config field of the engine's launcher, named when it cannot be executed
         (e.g. ``engines[0].launcher of node n0``).
+    restart_on_exit : bool
+        False for a part of an instance spanning nodes: an exit makes it ``failed`` at once
+        (no restart policy, no backoff here).
     """
 
     def __init__(self, spec: ProcessSpec, engine: EngineConfig, log_dir: str, client: Client,
                  on_change: Callable[[], None] | None = None,
                  log_max_bytes: int = LOG_MAX_BYTES, clock: Callable[[], float] = time.monotonic,
                  npu: NpuMonitor | None = None, instance: str | None = None,
-                 start_attempts: int | None = None, launcher_field: str | None = None) -> None:
+                 start_attempts: int | None = None, launcher_field: str | None = None,
+                 restart_on_exit: bool = True) -> None:
         self.spec = spec
+        #: False: an exit ends supervision (``failed``); the instance restarts as a whole
+        self.restart_on_exit = restart_on_exit
         self.start_attempts = start_attempts
         self.launcher_field = launcher_field or "launcher"
         #: byte offset in the log file where the current run's output starts
@@ -285,15 +297,19 @@ class EngineProcess:
     @property
     def http_healthy(self) -> bool:
         p = self.probe
+        if self.spec.endpoint is None:
+            return self.pid is not None   # headless: nothing to probe
         return self.pid is not None and p is not None and p.healthy
 
     @property
     def virtual_inference_on(self) -> bool:
-        return self.engine.virtual_inference_on and self.spec.endpoint.dp_rank == 0
+        ep = self.spec.endpoint
+        return self.engine.virtual_inference_on and ep is not None and ep.dp_rank == 0
 
     def status(self) -> dict[str, object]:
+        ep = self.spec.endpoint
         return {"name": self.name, "state": self.state.value, "pid": self.pid,
-                "port": self.spec.endpoint.port, "restarts": self.restarts,
+                "port": ep.port if ep is not None else None, "restarts": self.restarts,
                 "last_exit": self.last_exit, "reason": self.reason, "log": self.log_path,
                 "virtual_inference": self.vi.status() if self.vi is not None else None}
 
@@ -370,6 +386,7 @@ class EngineProcess:
                 return await npu.aicore_pct(devices)
             aicore = npu_aicore
         ep = self.spec.endpoint
+        assert ep is not None   # virtual_inference_on
         return VirtualInference(self.client, ep.host, ep.port, self.engine.model_name,
                                 self.engine.virtual_inference, self.engine.role, aicore,
                                 on_change=self._refresh, name=self.name)
@@ -436,6 +453,13 @@ class EngineProcess:
                                  self.instance, exit_reason)
                     self._set(ProcState.FAILED, f"{exit_reason}; not retried")
                     break
+                if not self.restart_on_exit:
+                    logger.warning("engine %s (instance %s) %s; not restarted alone: the "
+                                   "instance spanning nodes restarts as a whole (log: %s)",
+                                   self.name, self.instance, exit_reason, self.log_path)
+                    self._set(ProcState.FAILED, f"{exit_reason}; the instance restarts as a "
+                                                f"whole")
+                    break
                 if not was_healthy:
                     self._log_failed_start(exit_reason, failed_starts)
                     if self.start_attempts is not None and not self.ever_healthy and \
@@ -489,6 +513,8 @@ class EngineProcess:
         with the reason, an error in the log once, checks again with the restart backoff.
         """
         ep = self.spec.endpoint
+        if ep is None:
+            return not self._stop.is_set()   # headless: no port of its own
         rcfg = self.engine.restart
         checks = 0
         while port_in_use(ep.host, ep.port):
@@ -517,10 +543,12 @@ class EngineProcess:
         except OSError as e:
             return self._spawn_error(e), None, False
         self.proc = proc
-        logger.info("engine %s started: pid %d, port %d, log %s", self.name, proc.pid,
-                    self.spec.endpoint.port, self.log_path)
-        self._set(ProcState.STARTING, "engine starting")
         ep = self.spec.endpoint
+        if ep is None or self.spec.health_path is None:
+            return await self._run_headless(proc, stop_wait)
+        logger.info("engine %s started: pid %d, port %d, log %s", self.name, proc.pid,
+                    ep.port, self.log_path)
+        self._set(ProcState.STARTING, "engine starting")
         probe = self.probe = HealthProbe(
             self.client, ep.host, ep.port, self.spec.health_path, self.engine.health_interval_s,
             self.engine.health_timeout_s, on_change=self._on_health, name=self.name,
@@ -561,6 +589,28 @@ class EngineProcess:
         if self._stop.is_set():
             logger.info("engine %s stopped (status %s)", self.name, rc)
         return why, rc, probe.ever_healthy
+
+    async def _run_headless(self, proc: asyncio.subprocess.Process,
+                            stop_wait: asyncio.Task[bool]) -> tuple[str, int | None, bool]:
+        """A process without an API port: ``ready`` while it runs, until it exits or a stop."""
+        logger.info("engine %s started: pid %d, headless (no API port, not probed), log %s",
+                    self.name, proc.pid, self.log_path)
+        self.probe = None
+        self.vi = None
+        self._set(ProcState.READY, None)
+        exit_wait = asyncio.create_task(proc.wait())
+        why = ""
+        try:
+            await asyncio.wait({exit_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if exit_wait.done() and not stop_wait.done():
+                why = f"exited with {describe_exit(proc.returncode)}"
+        finally:
+            rc = await terminate_group(proc, self.engine.stop_timeout_s, self.name)
+            if not exit_wait.done():
+                exit_wait.cancel()
+        if self._stop.is_set():
+            logger.info("engine %s stopped (status %s)", self.name, rc)
+        return why, rc, True
 
 
 #: env variables of an engine shown in its log header (devices, HCCL, threads, engine knobs)

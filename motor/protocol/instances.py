@@ -25,6 +25,12 @@ Added for issue 8: ``InstanceSpec.dp_size / tp_size / kv_transfer / metaserver``
 virtual-inference probe) and ``Heartbeat.npu`` (per-chip NPU sample). Added for issue 14: states ``draining`` and
 ``stopped``, ``Heartbeat.draining / stopped``.
 
+Added for issue 16 (instances spanning nodes, :mod:`motor.controller.assembly`):
+``NodeRegistration.parts`` (:class:`InstancePart`: this node's part of such an instance),
+``Heartbeat.parts`` (:class:`PartReport` per part), and in the answers of register and
+heartbeat ``"parts": [`` :class:`PartOrder` ``]`` (what each part runs now); a node manager
+without parts sends none, and one that reads no ``parts`` in an answer starts none.
+
 Heartbeat semantics: ``health[id] = true`` -> ``ready``; ``false`` -> ``unhealthy`` for a
 ``ready`` instance while a ``starting`` one stays ``starting`` (the engine is still coming
 up) unless the id is also in ``failed`` (the node manager gave up on it).
@@ -122,12 +128,59 @@ class Instance(InstanceSpec):
     reason: str | None = Field(None, description="why the instance is in its state (last transition)")
 
 
+class InstancePart(_Wire):
+    """One node's part of an instance spanning nodes (config ``engines[].span``): its DP ranks,
+    and for the DP master the instance as it enters the table."""
+    instance: str = Field(min_length=1, description="instance id <master node>/<engine>/0")
+    nodes: list[str] = Field(min_length=2, description="the instance's nodes, DP master first")
+    node_rank: int = Field(ge=0, lt=MAX_RANKS, description="this node's position in nodes")
+    dp_start_rank: int = Field(ge=0, lt=MAX_RANKS, description="first DP rank of this part")
+    dp_size_local: int = Field(ge=1, le=MAX_RANKS, description="DP ranks of this part")
+    spec: InstanceSpec | None = Field(
+        None, description="the DP master's part: the instance (model, role, API endpoints, "
+                          "dp_size); null on a headless part")
+    master_host: str | None = Field(None, min_length=1,
+                                    description="DP master: the address the others connect to")
+    master_port: int | None = Field(None, ge=1, le=MAX_PORT,
+                                    description="DP master: its RPC port")
+    epoch: int = Field(0, ge=0, description="the epoch this part's processes run at (0: none)")
+    restart_backoff_initial_s: float = Field(0.5, gt=0, description="first whole-instance "
+                                                                    "restart delay (seconds)")
+    restart_backoff_max_s: float = Field(30.0, gt=0, description="its cap (seconds)")
+    restart_policy: str = Field("always", description="always / on-failure / never")
+    max_restarts: int = Field(10, ge=0, description="whole restarts within window_s at most")
+    restart_window_s: float = Field(300.0, gt=0)
+
+    @property
+    def master(self) -> bool:
+        return self.node_rank == 0
+
+
+class PartReport(_Wire):
+    """A part's state in a heartbeat."""
+    epoch: int = Field(0, ge=0, description="the epoch its processes run at; 0 = none runs")
+    healthy: bool = Field(False, description="every process runs (the master's API healthy)")
+    failed: bool = Field(False, description="a process of this epoch ended by itself")
+    reason: str | None = None
+
+
+class PartOrder(_Wire):
+    """The controller's word on one part (in the answers of register and heartbeat)."""
+    instance: str
+    epoch: int = Field(0, ge=0, description="the epoch to run at")
+    run: bool = Field(False, description="run the part's processes at epoch (else stop them)")
+    master_host: str | None = None
+    master_port: int | None = Field(None, ge=1, le=MAX_PORT)
+
+
 class NodeRegistration(_Wire):
     node: str = Field(min_length=1)
     host: str = "127.0.0.1"
     instances: list[InstanceSpec] = Field(default_factory=list)
     mgmt_port: int | None = Field(None, ge=1, le=MAX_PORT,
                                   description="node manager's management API port, if on")
+    parts: list[InstancePart] = Field(
+        default_factory=list, description="this node's parts of instances spanning nodes")
 
 
 class VirtualInferenceStatus(_Wire):
@@ -182,6 +235,8 @@ class Heartbeat(_Wire):
     draining: list[str] = Field(default_factory=list)
     #: instances stopped on an operator's request (drain finished, or stop): not restarted
     stopped: list[str] = Field(default_factory=list)
+    #: instance id -> this node's part of that instance spanning nodes
+    parts: dict[str, PartReport] = Field(default_factory=dict)
 
 
 class InstanceTable(_Wire):

@@ -78,7 +78,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="PD role, union, prefill or decode: prefill / decode take part in the PD handshakes "
                           "(kv_transfer_params, metaserver, bootstrap rooms; docs/sim.md)")
     srv.add_argument("--dp-rank", type=non_negative_int, default=0, metavar="N",
-                     help="data-parallel rank (reported; the metrics' engine label)")
+                     help="data-parallel rank (reported; the metrics' engine label); with "
+                          "--dp-master, the first of the --dp-size-local ranks played")
+    dp = parser.add_argument_group("data parallel across nodes (docs/sim.md, motor.sim.dp)")
+    dp.add_argument("--dp-size", type=positive_int, default=1, metavar="N",
+                    help="DP ranks of the whole instance (with --dp-master)")
+    dp.add_argument("--dp-size-local", type=positive_int, default=None, metavar="N",
+                    help="DP ranks this process plays, from --dp-rank (default: --dp-size)")
+    dp.add_argument("--dp-master", default=None, metavar="HOST:PORT",
+                    help="the DP master's join address: the master listens there and serves "
+                         "once every rank joined; a --headless process joins it")
+    dp.add_argument("--headless", action="store_true", default=False,
+                    help="play DP ranks without an API server, joined to --dp-master")
     _bool_flag(srv, "enable-prompt-tokens-details", False,
                "fill usage.prompt_tokens_details.cached_tokens (null otherwise, like vLLM)")
     _bool_flag(srv, "enable-force-include-usage", False,
@@ -211,10 +222,40 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
                      bootstrap_port=args.disaggregation_bootstrap_port,
                      bootstrap_timeout_s=args.bootstrap_timeout_s),
     )
+    if args.dp_master is not None:
+        from motor.sim.dp import DpOptions, parse_address
+        host, port = parse_address(args.dp_master)
+        local = args.dp_size_local or args.dp_size
+        if args.dp_rank + local > args.dp_size:
+            raise ValueError(f"--dp-rank {args.dp_rank} + --dp-size-local {local}: expected "
+                             f"at most --dp-size {args.dp_size}, got {args.dp_rank + local}")
+        if not args.headless and args.dp_rank != 0:
+            raise ValueError(f"--dp-rank: expected 0 for the DP master (no --headless), got "
+                             f"{args.dp_rank}")
+        opts.dp = DpOptions(dp_rank=args.dp_rank, dp_size=args.dp_size, dp_size_local=local,
+                            master_host=host, master_port=port, headless=args.headless)
+    elif args.headless:
+        raise ValueError("--headless: expected --dp-master HOST:PORT with it (the master to "
+                         "join), got none")
     return opts
 
 
+async def _serve_headless(opts: SimOptions) -> int:
+    from motor.sim.dp import run_headless
+    assert opts.dp is not None
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    return await run_headless(opts.dp, stop)
+
+
 async def _serve(opts: SimOptions) -> int:
+    if opts.dp is not None and opts.dp.headless:
+        return await _serve_headless(opts)
     from motor.sim.server import ListenError, SimServer
 
     server = SimServer(opts)
@@ -228,8 +269,12 @@ async def _serve(opts: SimOptions) -> int:
         kv = f" kv_events={server.kv_publisher.endpoint}"
         if server.kv_publisher.replay_endpoint:
             kv += f" kv_replay={server.kv_publisher.replay_endpoint}"
+    dp = ""
+    if server.dp is not None:
+        dp = (f" dp_size={opts.dp.dp_size if opts.dp else 1} dp_master="
+              f"{opts.dp.master_host if opts.dp else ''}:{server.dp_port}")
     print(f"motor sim listening on http://{opts.host}:{port} model={server.model_name} "
-          f"role={opts.role} dp_rank={opts.dp_rank}{kv}", flush=True)
+          f"role={opts.role} dp_rank={opts.dp_rank}{kv}{dp}", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -240,6 +285,8 @@ async def _serve(opts: SimOptions) -> int:
     await stop.wait()
     logger.info("shutting down")
     await server.stop(drain_timeout_s=2.0)
+    if server.dp is not None:
+        print(f"motor sim: stopped; {server.dp.summary()}", flush=True)
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from motor.sim.dp import DpOptions
 from motor.sim.engine import EngineConfig
 
 
@@ -53,6 +54,8 @@ class SimOptions:
     kv_events_topic: str = ""
     kv_events_buffer_steps: int = 10000
     pd: PdOptions = field(default_factory=PdOptions)
+    #: data parallel across nodes (``--dp-master``); None = a rank on its own
+    dp: DpOptions | None = None
 
     @property
     def names(self) -> list[str]:

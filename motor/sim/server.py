@@ -33,6 +33,7 @@ from motor.sim.engine import FINISHED, Engine, EngineRequest, SamplingSpec, \
     Sequence, context_state, seed_material
 from motor.sim.faults import Faults
 from motor.sim.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from motor.sim.dp import DpMaster
 from motor.sim.metrics import SimMetrics
 from motor.sim.options import SimOptions
 from motor.sim.pd import PdError, PdSim, Plan
@@ -190,6 +191,10 @@ class SimServer:
         self.num_dropped = 0
         self.kv_publisher: Any = None
         self.pd = PdSim(self, opts.pd)
+        #: the DP master of an instance spanning nodes (``--dp-master``), else None
+        self.dp: DpMaster | None = DpMaster(opts.dp) if opts.dp is not None \
+            and not opts.dp.headless else None
+        self.dp_port = 0
         #: LoRA adapters loaded at run time: name -> path, in load order
         self.adapters: dict[str, str] = {}
         self.router = self._build_router()
@@ -223,11 +228,20 @@ class SimServer:
             await self.stop(drain_timeout_s=0.0)
             raise ListenError(self.opts.host, self.opts.pd.bootstrap_port, e,
                               "--disaggregation-bootstrap-port") from e
+        if self.dp is not None:
+            try:
+                self.dp_port = await self.dp.start()
+            except OSError as e:
+                await self.stop(drain_timeout_s=0.0)
+                raise ListenError(self.dp.opts.master_host, self.dp.opts.master_port, e,
+                                  "--dp-master") from e
         return self.port
 
     async def stop(self, drain_timeout_s: float = 1.0) -> None:
         if self.http is not None:
             await self.http.shutdown(drain_timeout_s)
+        if self.dp is not None:
+            await self.dp.stop()
         await self.pd.stop()
         if self.engine is not None:
             await self.engine.stop()
@@ -279,7 +293,8 @@ class SimServer:
     async def health(self, req: Request, resp: Response) -> None:
         if not self._unhang_health.is_set():
             await self._unhang_health.wait()
-        if self.engine is None or not self.engine.alive:
+        if self.engine is None or not self.engine.alive or \
+                (self.dp is not None and not self.dp.serving):
             resp.send(503, b"", content_type=b"text/plain")
         else:
             resp.send(200, b"", content_type=b"text/plain")
@@ -364,6 +379,8 @@ class SimServer:
         eng = self.engine
         assert eng is not None
         body = self.metrics.render(len(eng.running), len(eng.waiting), eng.pool.usage)
+        if self.dp is not None:
+            body += self.dp.metrics_text(self.model_name)
         resp.send(200, body, content_type=METRICS_CONTENT_TYPE)
 
     async def kv_event_sources(self, req: Request, resp: Response) -> None:
@@ -410,6 +427,8 @@ class SimServer:
                                "next_seq": self.kv_publisher.seq,
                                "published": self.kv_publisher.num_published,
                                "dropped": self.kv_publisher.num_dropped}
+        if self.dp is not None:
+            st["dp"] = self.dp.stats()
         st.update(self.engine.stats())
         resp.send(200, orjson.dumps(st))
 
@@ -611,6 +630,11 @@ class SimServer:
         assert eng is not None
         if not eng.alive:
             resp.send(503, error_body(503, "the engine loop is dead"), headers=headers)
+            return
+        if self.dp is not None and await self.dp.dispatch() is None:
+            missing = sorted(set(range(self.dp.opts.dp_size)) - self.dp.joined)
+            resp.send(503, error_body(503, f"DP ranks {missing} of this instance are not "
+                                           f"joined: not serving"), headers=headers)
             return
         try:
             if chat and "messages" not in body:

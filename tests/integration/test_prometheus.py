@@ -2,8 +2,9 @@
 lane of .ci/run): every metric docs/metrics.md lists as `always` (and, with
 `coordinator.policy: kv_affinity`, as `kv_affinity`) has samples from its component's job,
 deploy/prometheus/motor-rules.yaml evaluates without errors into the recorded series, no
-alert fires on a healthy cluster, and every query of deploy/grafana/motor.json returns
-data. Needs Debian's `prometheus` package (`prometheus` on PATH); skipped without it unless
+alert fires on a healthy cluster, every query of deploy/grafana/motor.json returns
+data, and the engines' own series come through the controller's /metrics/engines with
+their motor_instance label. Needs Debian's `prometheus` package (`prometheus` on PATH); skipped without it unless
 MOTOR_REQUIRE_PROMETHEUS=1."""
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ DEPLOY = os.path.join(metrics_doc.ROOT, "deploy")
 RULES = os.path.join(DEPLOY, "prometheus", "motor-rules.yaml")
 DASHBOARD = os.path.join(DEPLOY, "grafana", "motor.json")
 JOBS = {"coordinator": "motor-coordinator", "controller": "motor-controller",
-        "node_manager": "motor-node"}
+        "engines": "motor-engines", "node_manager": "motor-node"}
 #: what the cluster below runs: the rows with these presences must have samples
 CHECKED = {"always", "kv_affinity"}
 PROMPT = "a shared prefix that fills a few blocks of sixteen tokens in the index, " * 3
@@ -124,7 +125,9 @@ nodes:
             {"job_name": JOBS["controller"],
              "static_configs": [{"targets": [f"127.0.0.1:{ctl}"]}]},
             {"job_name": JOBS["node_manager"],
-             "static_configs": [{"targets": [f"127.0.0.1:{nm}"]}]}]}))
+             "static_configs": [{"targets": [f"127.0.0.1:{nm}"]}]},
+            {"job_name": JOBS["engines"], "metrics_path": "/metrics/engines",
+             "static_configs": [{"targets": [f"127.0.0.1:{ctl}"]}]}]}))
     rows = [r for r in metrics_doc.rows() if r.present in CHECKED]
     with open(RULES, encoding="utf-8") as f:
         rule_file = [r for g in yaml.safe_load(f)["groups"] for r in g["rules"]]
@@ -219,6 +222,18 @@ nodes:
         assert {s["metric"]["exported_instance"] for s in inflight} == {"n0/sim/0", "n0/sim/1"}
         assert {s["metric"]["state"]: _value(s) for s in api.query(
             'motor_controller_instances{job="motor-controller"}')}["ready"] == 2
+        # the engines' own series, re-exported by the controller with motor_instance
+        running = api.query('vllm:num_requests_running{job="motor-engines"}')
+        assert sorted((s["metric"]["motor_instance"], s["metric"]["motor_node"],
+                       s["metric"]["motor_role"], s["metric"]["dp_rank"]) for s in running) == [
+            ("n0/sim/0", "n0", "union", "0"), ("n0/sim/1", "n0", "union", "0")]
+        assert {s["metric"]["motor_instance"]: _value(s) for s in api.query(
+            'motor_engine_scrape_up{job="motor-engines"}')} == {"n0/sim/0": 1.0, "n0/sim/1": 1.0}
+        ttft = api.query('sum by (exported_instance) (motor_coordinator_instance_time_to_first'
+                         '_token_seconds_count{job="motor-coordinator"})')
+        # one series per instance from the start; kv_affinity sends the same prompt to one
+        assert {s["metric"]["exported_instance"] for s in ttft} == {"n0/sim/0", "n0/sim/1"}
+        assert sum(_value(s) for s in ttft) >= 2
         healthy = api.query('motor_node_engine_healthy{job="motor-node"}')
         assert sorted((s["metric"]["exported_instance"], _value(s)) for s in healthy) == [
             ("n0/sim/0", 1.0), ("n0/sim/1", 1.0)]

@@ -11,6 +11,7 @@ DOC = os.path.join(ROOT, "docs", "metrics.md")
 
 #: the doc's section headings, one per component
 SECTIONS = {"Coordinator": "coordinator", "Controller": "controller",
+            "Engines (re-exported by the controller)": "engines",
             "Node manager": "node_manager"}
 #: the values of the "present" column (explained in the doc)
 PRESENCE = {"always", "kv_affinity", "kv_events", "pd", "edge", "event",

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from motor.config.schema import NodeConfig
+from motor.controller import engine_metrics
 from motor.controller.server import _Metrics
 from motor.coordinator import metrics as coordinator_metrics
 from motor.node_manager.agent import NodeAgent
@@ -29,6 +30,7 @@ def _live() -> dict[str, dict[str, tuple[str, tuple[str, ...]]]]:
     agent = NodeAgent(NodeConfig(name="n0"), "http://127.0.0.1:1")
     return {"coordinator": _registered(coordinator_metrics.REGISTRY),
             "controller": _registered(_Metrics().registry),
+            "engines": _registered(engine_metrics.scrape_registry()[0]),
             "node_manager": _registered(agent._metrics)}
 
 
@@ -67,7 +69,7 @@ def test_rows_are_well_formed():
             assert base.endswith("_" + r.unit), f"{r.name}: unit {r.unit} not in the name"
 
 
-@pytest.mark.parametrize("component", ["coordinator", "controller", "node_manager"])
+@pytest.mark.parametrize("component", ["coordinator", "controller", "engines", "node_manager"])
 def test_every_component_has_always_present_metrics(component):
     assert any(r.component == component and r.present == "always"
                for r in metrics_doc.rows())

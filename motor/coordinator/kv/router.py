@@ -105,6 +105,9 @@ class KvRouter:
         self.adapters: set[str] = adapters if adapters is not None else set()
         self._next_gauges = 0.0
         self._gauges_pending = False
+        #: called with a slot when its endpoint leaves (per-slot state elsewhere resets:
+        #: ``kv_affinity``'s learned rates)
+        self.on_forget: list[Callable[[int], None]] = []
 
     # -- metrics hooks ------------------------------------------------------------
     @staticmethod
@@ -144,6 +147,8 @@ class KvRouter:
         for a in self.approx.values():
             n += a.index.clear(s)
         self.event_slots.discard(s)
+        for cb in self.on_forget:
+            cb(s)
         self._free.append(s)
         metrics.KV_PURGES.labels(reason).inc()
         logger.info("KV index: endpoint %s %s, %d block holding(s) purged", key, reason, n)

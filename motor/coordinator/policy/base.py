@@ -11,6 +11,7 @@ class; there are no aliases.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -25,11 +26,13 @@ class RequestInfo:
     endpoint must still compute (the prompt minus its credited cached prefix) and
     ``cached_tokens`` the cached prefix found there (0 for policies that do not know);
     ``cost``, set only by policies that score candidates (``kv_affinity``, ``least_load``),
-    the chosen one's cost in the policy's unit (read with ``getattr(info, "cost", None)``).
+    the chosen one's cost in the policy's unit (read with ``getattr(info, "cost", None)``;
+    ``kv_affinity`` with ``kv.cost: time``: predicted TTFT in seconds). ``ttft_obs``: what
+    :meth:`Policy.watch` needs to learn from this request's observed TTFT (None: nothing).
     """
 
     __slots__ = ("model", "prompt_tokens", "max_tokens", "block_hashes", "prefill_tokens",
-                 "cached_tokens", "cost")
+                 "cached_tokens", "cost", "ttft_obs")
     cost: float      # no default: set by scoring policies only
 
     def __init__(self, model: str | None, prompt_tokens: int, max_tokens: int) -> None:
@@ -39,6 +42,7 @@ class RequestInfo:
         self.block_hashes: Any = None
         self.prefill_tokens = prompt_tokens
         self.cached_tokens = 0
+        self.ttft_obs: Any = None
 
 
 class Policy:
@@ -47,12 +51,21 @@ class Policy:
     name: ClassVar[str] = ""
     #: whether :meth:`prepare` needs the request body (tokenization for a routing key)
     uses_prefix: ClassVar[bool] = False
+    #: whether :meth:`watch` may return a callback (request paths skip it otherwise)
+    learns_ttft: bool = False
 
     def prepare(self, info: RequestInfo, route: str, body: dict[str, Any]) -> None:
         """Fill what the policy needs from the body (``route``: ``chat`` / ``completions``)."""
 
     def routed(self, ep: EndpointState, info: RequestInfo) -> None:
         """``info``'s request was sent to ``ep`` (called once per accepted attempt)."""
+
+    def watch(self, ep: EndpointState, info: RequestInfo) -> Callable[[float], None] | None:
+        """A callback for the observed TTFT (seconds) of ``info``'s attempt on ``ep``
+        (called once, at the first token or the whole answer, by the attempt's
+        :class:`~motor.coordinator.endpoints.Lease`), or None when the policy learns
+        nothing from it (the default)."""
+        return None
 
     def pick(self, candidates: list[EndpointState], request: RequestInfo,
              exclude: set[EndpointState] | None = None) -> EndpointState | None:

@@ -1,45 +1,63 @@
-"""``kv_affinity``: the candidate where the request's prefill is cheapest.
+"""``kv_affinity``: the candidate where the request's first token comes soonest.
 
-Optimises: TTFT through prefix-cache reuse, without melting the holder of a hot prefix.
+Optimises: TTFT through prefix-cache reuse, weighed against each instance's queue, so a
+hot prefix never melts its holder (case N07) and a short prompt never waits behind a
+long prefill it could avoid.
 
 Inputs per candidate endpoint ``i``: the request's routing key (token ids of the whole
 templated conversation or of the prompt, :mod:`motor.coordinator.tokenize`, hashed
 into blocks of ``coordinator.kv.block_size``), the leading blocks of that key cached
 on ``i`` per tier (:meth:`motor.coordinator.kv.KvRouter.match`: exact index from KV
-events, approximate index from routing history), and this coordinator's in-flight
-load on ``i``. The cost, in prompt-token equivalents (:mod:`motor._fast.scoring`)::
+events, approximate index from routing history), the load in flight on ``i`` (this
+coordinator's, summed over workers; with workers > 1 also the engine's reported waiting
+and running requests) and ``i``'s learned rates (:mod:`motor.coordinator.policy.ttft`).
 
-    saved_i = block_size * (credit_device * ov_device + credit_host * ov_host
-                            + credit_disk * ov_disk)
-    load_i  = prefill_weight * uncached prompt tokens in flight on i
-              + decode_weight * max_tokens in flight on i
-              + queue_penalty_tokens * requests in flight on i
-    cost_i  = max(prompt_tokens - saved_i, 0) + load_i
+``coordinator.kv.cost: time`` (opt-in; see docs/benchmarks.md), in seconds (:func:`motor._fast.scoring.pick_ttft`)::
 
-Settings (``coordinator.kv``): ``tier_credit`` (device 1.0, host 0.75, disk 0.25),
-``prefill_weight`` 0.25 (a streamed request's uncached tokens are in flight until its
-first token, a whole answer's until it ends; the 0.25 dates from when every request's
-counted until its end, docs/benchmarks.md), ``decode_weight`` 0.0, ``queue_penalty_tokens`` 64,
-``load_guard`` 2.0 (an instance with load > 2 x the other candidates' mean gets no cache
-credit, once some load exceeds ``load_guard_min_tokens`` 4096).
+    saved_i    = block_size * (credit_device * ov_device + credit_host * ov_host
+                               + credit_disk * ov_disk)                     tokens
+    uncached_i = max(prompt_tokens - saved_i, 0)                            tokens
+    queued_i   = max(prefill tokens in flight on i,
+                     engine-reported waiting x mean uncached tokens)        tokens
+    running_i  = max(requests in flight on i, engine waiting + running)     sequences
+    work_i     = queued_i + uncached_i;  steps_i = max(1, ceil(work_i / chunk_tokens))
+    ttft_i     = steps_i * (step_s_i + decode_s_per_seq_i * running_i)
+                 + prefill_s_per_token_i * work_i                           seconds
 
-Tie-break: lowest cost, then lowest load, then rotation (equal candidates, e.g. with
-no cached prefix anywhere, spread like round robin). Excluded endpoints (retries)
-are skipped unless nothing else is left. A request that cannot be tokenized is routed
-on load alone. Each decision is logged at debug level with its terms.
+Settings (``coordinator.kv.ttft``): prior rates ``step_ms`` 6, ``prefill_us_per_token``
+37, ``decode_us_per_seq`` 100 (an 8B dense model in bf16 on one H100), ``chunk_tokens``
+8192, and the learning (``learn``, ``halflife_requests`` 64, ``prior_weight`` 1). There
+is no load guard: an instance whose queue makes it slower than recomputing the prefix
+elsewhere loses on its predicted TTFT, and its learned rates show when it is slower than
+its queue suggests.
+
+``coordinator.kv.cost: tokens`` (the default) keeps the earlier cost in prompt-token equivalents
+(:func:`motor._fast.scoring.pick`: ``prefill_weight``, ``decode_weight``,
+``queue_penalty_tokens``, ``load_guard``; docs/kv-routing.md).
+
+Tie-break: lowest cost, then lowest load (time: the queued time), then rotation (equal
+candidates, e.g. with no cached prefix anywhere, spread like round robin). Excluded
+endpoints (retries) are skipped unless nothing else is left. A request that cannot be
+tokenized is routed on load alone. Each decision is logged at debug level with its terms
+and their units.
 """
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from motor._fast.scoring import pick as score_pick
+from motor._fast.scoring import pick_ttft
+from motor.config.schema import KvCost
 from motor.coordinator import metrics
-from motor.coordinator.kv.router import KvRouter
+from motor.coordinator.kv.router import MAX_INSTANCES, KvRouter
 from motor.coordinator.loadtable import load_columns
 from motor.coordinator.policy.base import Policy, RequestInfo
+from motor.coordinator.policy.ttft import RateModel, TtftWatch, engine_columns
 
 if TYPE_CHECKING:
     from motor.coordinator.endpoints import EndpointState
@@ -57,6 +75,18 @@ class KvAffinity(Policy):
         self.tier_credit = np.array([c.tier_credit.device, c.tier_credit.host, c.tier_credit.disk],
                                     dtype=np.float64)
         self._next = 0
+        self.time_cost = c.cost is KvCost.TIME
+        t = c.ttft
+        self.learn = t.learn
+        self.learns_ttft = self.time_cost and t.learn
+        self.chunk_tokens = float(t.chunk_tokens)
+        self.engine_max_age_s = t.engine_figures_max_age_s
+        #: learned rates per instance slot (reset when the slot's endpoint leaves)
+        self.rates = RateModel(t, MAX_INSTANCES)
+        self.router.on_forget.append(self.rates.reset)
+        #: exponentially weighted mean of the uncached tokens routed (tokens): what one
+        #: engine-reported waiting request is taken to weigh
+        self.mean_uncached = 512.0
 
     def prepare(self, info: RequestInfo, route: str, body: dict[str, Any]) -> None:
         """Fill ``info.block_hashes`` and ``info.prompt_tokens`` from the request body."""
@@ -74,24 +104,17 @@ class KvAffinity(Policy):
             cands = candidates
         k = len(cands)
         r = self.router
-        c = r.cfg
         overlap = np.zeros((k, 3), dtype=np.int32)
         hashes = request.block_hashes
+        slots = np.fromiter((r.slot(e.key) for e in cands), np.intp, k)
         if hashes is not None and len(hashes):
-            ov = r.match(hashes, request.model)
-            overlap[:] = ov[[r.slot(e.key) for e in cands]]
-        prefill, decode, queue = load_columns(cands)  # all workers' load when workers > 1
-        guard = c.load_guard
-        if guard > 0:
-            loads = (c.prefill_weight * prefill + c.decode_weight * decode
-                     + c.queue_penalty_tokens * queue)
-            if loads.max() <= c.load_guard_min_tokens:
-                guard = 0.0
+            overlap[:] = r.match(hashes, request.model)[slots]
         start = self._next
         self._next = start + 1
-        pos, cost = score_pick(overlap, request.prompt_tokens, r.block_size, self.tier_credit,
-                               prefill, decode, queue, None, c.prefill_weight, c.decode_weight,
-                               c.queue_penalty_tokens, guard, start)
+        if self.time_cost:
+            pos, cost = self._pick_time(cands, request, overlap, slots, start)
+        else:
+            pos, cost = self._pick_tokens(cands, request, overlap, start)
         ep = cands[pos]
         ov = overlap[pos]
         cached_blocks = int(ov.sum())
@@ -102,13 +125,81 @@ class KvAffinity(Policy):
         if hashes is not None:
             metrics.KV_PROMPT_TOKENS.inc(request.prompt_tokens)
             metrics.KV_MATCHED_TOKENS.inc(request.cached_tokens)
+        return ep
+
+    def _pick_time(self, cands: list[EndpointState], request: RequestInfo,
+                   overlap: np.ndarray, slots: np.ndarray, start: int) -> tuple[int, float]:
+        """Argmin of the predicted TTFT (seconds); sets ``request.ttft_obs``."""
+        r = self.router
+        queued, _, running = load_columns(cands)  # all workers' load when workers > 1
+        if getattr(cands[0], "shared", None) is not None:
+            eng = engine_columns(cands, time.time(), self.engine_max_age_s)
+            if eng is not None:
+                waiting, eng_running = eng
+                running = np.maximum(running, waiting + eng_running)
+                queued = np.maximum(queued, waiting * self.mean_uncached)
+        rates = self.rates.rates(slots)
+        pos, ttft = pick_ttft(overlap, request.prompt_tokens, r.block_size, self.tier_credit,
+                              queued, running, rates, None, self.chunk_tokens, start)
+        saved = r.block_size * float(self.tier_credit @ overlap[pos])
+        uncached = max(0.0, request.prompt_tokens - saved)
+        self.mean_uncached += 0.05 * (uncached - self.mean_uncached)
+        if self.learn:
+            request.ttft_obs = (int(slots[pos]), self.rates.features(
+                float(queued[pos]), uncached, float(running[pos])))
+        if logger.isEnabledFor(logging.DEBUG):
+            self._log_time(cands, request, overlap, queued, running, rates, pos, ttft)
+        return pos, ttft
+
+    def _log_time(self, cands: list[EndpointState], request: RequestInfo, overlap: np.ndarray,
+                  queued: np.ndarray, running: np.ndarray, rates: np.ndarray, pos: int,
+                  ttft: float) -> None:
+        bs = self.router.block_size
+        terms = []
+        for j, e in enumerate(cands):
+            step_s, pre_s, dec_s = rates[j].tolist()
+            unc = max(0.0, request.prompt_tokens - bs * float(self.tier_credit @ overlap[j]))
+            x = self.rates.features(float(queued[j]), unc, float(running[j]))
+            terms.append(
+                f"{e.key}: cached blocks {overlap[j].tolist()}, uncached {unc:.0f} tokens x "
+                f"{1e6 * pre_s:.1f} us = {1e3 * pre_s * unc:.1f} ms, queued {queued[j]:.0f} "
+                f"tokens = {1e3 * pre_s * queued[j]:.1f} ms, {x[0]:.0f} step(s) x "
+                f"({1e3 * step_s:.2f} ms + {running[j]:.0f} running x {1e6 * dec_s:.0f} us) = "
+                f"{1e3 * (x[0] * step_s + x[1] * dec_s):.1f} ms, "
+                f"ttft {1e3 * (x[0] * step_s + x[1] * dec_s + x[2] * pre_s):.1f} ms")
+        logger.debug("kv_affinity: %d prompt tokens -> %s predicted ttft %.1f ms; %s",
+                     request.prompt_tokens, cands[pos].key, 1e3 * ttft, "; ".join(terms))
+
+    def _pick_tokens(self, cands: list[EndpointState], request: RequestInfo,
+                     overlap: np.ndarray, start: int) -> tuple[int, float]:
+        """Argmin of the cost in prompt-token equivalents (``kv.cost: tokens``)."""
+        r = self.router
+        c = r.cfg
+        prefill, decode, queue = load_columns(cands)  # all workers' load when workers > 1
+        guard = c.load_guard
+        if guard > 0:
+            loads = (c.prefill_weight * prefill + c.decode_weight * decode
+                     + c.queue_penalty_tokens * queue)
+            if loads.max() <= c.load_guard_min_tokens:
+                guard = 0.0
+        pos, cost = score_pick(overlap, request.prompt_tokens, r.block_size, self.tier_credit,
+                               prefill, decode, queue, None, c.prefill_weight, c.decode_weight,
+                               c.queue_penalty_tokens, guard, start)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
-                "kv_affinity: %d prompt tokens -> %s cost %.0f; candidates %s", request.prompt_tokens,
-                ep.key, cost, ", ".join(
+                "kv_affinity: %d prompt tokens -> %s cost %.0f prompt-token equivalents; "
+                "candidates %s", request.prompt_tokens, cands[pos].key, cost, ", ".join(
                     f"{e.key}: overlap blocks {overlap[j].tolist()} prefill {prefill[j]:.0f} "
-                    f"decode {decode[j]:.0f} queue {queue[j]:.0f}" for j, e in enumerate(cands)))
-        return ep
+                    f"tokens, decode {decode[j]:.0f} tokens, queue {queue[j]:.0f} requests"
+                    for j, e in enumerate(cands)))
+        return pos, cost
+
+    def watch(self, ep: EndpointState, info: RequestInfo) -> Callable[[float], None] | None:
+        """The learner of ``ep``'s rates for this attempt (``kv.cost: time``, ``ttft.learn``)."""
+        o = info.ttft_obs
+        if o is None:
+            return None
+        return TtftWatch(self.rates, o[0], o[1])
 
     def routed(self, ep: EndpointState, request: RequestInfo) -> None:
         """The request went to ``ep`` (approximate mode remembers it)."""

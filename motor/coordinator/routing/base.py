@@ -458,7 +458,8 @@ MAX_SSE_EVENT_BYTES = 16 * 1024 * 1024
 async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, route: Route,
                     t0: float, first: bool, idle_timeout_s: float,
                     on_first: Callable[[], object] | None = None,
-                    on_prefill_done: Callable[[], object] | None = None
+                    on_prefill_done: Callable[[], object] | None = None,
+                    timing: metrics.InstanceTiming | None = None
                     ) -> tuple[BaseException | None, bool]:
     """Relay one leg's SSE events to the client (already started), cut at event
     boundaries, each block passed through ``rec.feed``. Upstream silence longer than
@@ -466,7 +467,11 @@ async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, r
     total ends the leg with :class:`UpstreamTimeout`. ``first``: whether no event reached
     the client yet (``route.ttft`` is observed, ``on_first`` called, at the first one);
     ``on_prefill_done``: called once, at this leg's first event past its prefill
-    (:func:`past_prefill`).
+    (:func:`past_prefill`). ``timing``: the leg's instance's latency histograms
+    (:func:`motor.coordinator.metrics.instance_timing`): its TTFT is observed with the
+    route's, and, when the leg ends without error, its TPOT: seconds from the first event
+    past the prefill to the end, divided by the ``data:`` events relayed after it
+    (``[DONE]`` not counted; not observed without such events).
 
     Returns (the error that ended the leg or ``None``, whether anything was written). A
     tail without a closing blank line is passed on as sent (case B04 b); an event longer
@@ -475,6 +480,8 @@ async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, r
     tail = b""
     wrote = False
     silence: Silence | None = None
+    t_tok = 0.0      # the first event past the prefill (timing only)
+    n_tok = 0        # data events relayed after it
     try:
         while True:
             try:
@@ -502,9 +509,14 @@ async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, r
             if cut + 2 < len(chunk):
                 tail = chunk[cut + 2:]
                 chunk = chunk[:cut + 2]
-            if on_prefill_done is not None and past_prefill(chunk):
-                on_prefill_done()
-                on_prefill_done = None
+            if t_tok:
+                n_tok += chunk.count(b"data:") - chunk.count(b"[DONE]")
+            elif (on_prefill_done is not None or timing is not None) and past_prefill(chunk):
+                if on_prefill_done is not None:
+                    on_prefill_done()
+                    on_prefill_done = None
+                if timing is not None:
+                    t_tok = time.perf_counter()
             if rec is not None:
                 chunk = rec.feed(chunk)
                 if not chunk:
@@ -513,12 +525,18 @@ async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, r
             wrote = True
             if first:
                 first = False
-                route.ttft.observe(time.perf_counter() - t0)
+                ttft = time.perf_counter() - t0
+                route.ttft.observe(ttft)
+                if timing is not None:
+                    timing.ttft.observe(ttft)
                 if on_first is not None:
                     on_first()
             await resp.drain()
     except (UpstreamTimeout, UpstreamClosed, OSError) as e:
         return e, wrote
+    if n_tok > 0:
+        assert timing is not None
+        timing.tpot.observe((time.perf_counter() - t_tok) / n_tok)
     if tail:
         if rec is not None:
             tail = rec.feed(tail + b"\n\n")

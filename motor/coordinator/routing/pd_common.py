@@ -484,7 +484,7 @@ class PdPath(RequestPath):
             err, wrote = await relay_sse(
                 up, resp, feed, route, ctx.t0, first, self.s.idle_timeout_s,
                 (lambda: PD_TTFT.labels(self.name).observe(time.perf_counter() - ctx.t0))
-                if first else None)
+                if first else None, timing=ep.timing)
         finally:
             up.close()
         ctx.wrote = ctx.wrote or wrote
@@ -561,6 +561,7 @@ class PdPath(RequestPath):
         PD_DECODE.labels(self.name).observe(now - t_decode)
         route.ttft.observe(now - ctx.t0)
         route.e2e.observe(now - ctx.t0)
+        ep.timing.ttft.observe(now - ctx.t0)
         PD_REQUESTS.labels(self.name, "ok").inc()
 
     def _after_leg(self, ctx: Ctx, rec: StreamRecovery, ep: EndpointState,

@@ -220,6 +220,7 @@ class UnionPath(RequestPath):
         elapsed = time.perf_counter() - p.t0
         route.ttft.observe(elapsed)
         route.e2e.observe(elapsed)
+        res.ep.timing.ttft.observe(elapsed)
 
     # -- dispatch: pick, send, retry before the first byte ------------------------------
     async def dispatch(self, path: bytes, raw: bytes, with_ids: bytes,
@@ -307,6 +308,8 @@ class UnionPath(RequestPath):
         s = self.s
         lease = ep.lease(load.tokens, info.prefill_tokens, load.decode_tokens)
         self.policy.routed(ep, info)
+        if self.policy.learns_ttft:
+            lease.watch(self.policy.watch(ep, info))
         handed = False
         task = asyncio.current_task()
         w = Waiting(task)       # evicted when ep leaves the routable set before the first byte
@@ -342,6 +345,8 @@ class UnionPath(RequestPath):
             try:
                 async with up:
                     data = await read_whole(up, s.idle_timeout_s)
+                if status < 400 and lease.watcher is not None:
+                    lease.answered()
             except UpstreamTimeout as e:
                 metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
                 return Fail(504, f"engine {ep.instance_id} stopped answering for "
@@ -383,7 +388,8 @@ class UnionPath(RequestPath):
                 feed = rec if rec is not None or tap is None else tap(leg.ep)
                 err, wrote = await relay_sse(leg.up, resp, feed, route, p.t0, not wrote_any,
                                              self.s.idle_timeout_s,
-                                             on_prefill_done=leg.lease.prefill_done)
+                                             on_prefill_done=leg.lease.prefill_done,
+                                             timing=leg.ep.timing)
                 wrote_any = wrote_any or wrote
                 leg.up.close()
                 if leg.span is not None:

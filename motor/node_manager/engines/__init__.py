@@ -1,7 +1,10 @@
 """Engine backends: config -> the processes of each instance (argv, env, endpoint, log name).
 
-One backend module per engine kind (``sim.py``, later ``vllm.py``, ``sglang.py``), each with
-``build(node, engine, index) -> InstancePlan``. :func:`engine_flags` is the one passthrough
+One backend module per engine kind (``sim.py``, ``vllm.py``, ``sglang.py``), each with
+``build(node, engine, index) -> InstancePlan`` and, for an instance spanning nodes (config
+``engines[].span``), ``build_part(node, engine, cluster) -> InstancePlan`` with its
+:class:`PartPlan`: this node's ranks, one process, whose argv names the DP master's address
+(rebuilt with the address the controller gives, :meth:`PartPlan.build`). :func:`engine_flags` is the one passthrough
 of ``engine_config`` to ``--kebab-case`` flags that all backends share:
 
 * keys are written ``--kebab-case`` whatever the spelling in the config (``max_model_len``,
@@ -25,7 +28,7 @@ spelling, never twice.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,7 +38,8 @@ from motor.config.engine_flags import flag_key
 from motor.config.schema import (DEVICE_ENV, ClusterConfig, EngineConfig, EngineKind, NodeConfig,
                                  allocate_devices)
 from motor.errors import ConfigError
-from motor.protocol.instances import Endpoint, InstanceSpec, KvTransfer
+from motor.protocol.instances import Endpoint, InstancePart, InstanceSpec, KvTransfer
+
 Pairs = Mapping[str, Any] | Iterable[tuple[str, Any]]
 
 #: KV connectors of the decode-first "metaserver" protocol (D calls the coordinator back)
@@ -147,12 +151,38 @@ def engine_flags(user: Mapping[str, Any], *, managed: Pairs = (), defaults: Pair
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    """One OS process of an instance: one per DP rank where the engine is started per rank."""
+    """One OS process of an instance: one per DP rank where the engine is started per rank,
+    one per node for a part of an instance spanning nodes."""
     name: str                   #: log / display name: ``<node>-<engine>-<i>`` (``-dp<r>`` if dp_size > 1)
     argv: list[str]
     env: dict[str, str]         #: the engine's own additions; the supervisor adds them to os.environ
-    endpoint: Endpoint
-    health_path: str = "/health"
+    endpoint: Endpoint | None   #: None: a headless part (no API port: not probed, not routed)
+    health_path: str | None = "/health"   #: None with ``endpoint`` None
+
+
+#: first DP master port of a node's instances spanning nodes (vLLM's --data-parallel-rpc-port,
+#: the same base as a single node's DP RPC ports, :mod:`motor.node_manager.engines.vllm`)
+SPAN_MASTER_PORT_BASE = 29550
+
+
+@dataclass(frozen=True)
+class PartPlan:
+    """This node's part of an instance spanning nodes (config ``engines[].span``).
+
+    ``build(master_host, master_port)`` gives the part's processes with that DP master
+    address (the controller's order names it; ``master_host`` / ``master_port`` here are the
+    config's, what the DP master registers)."""
+    nodes: tuple[str, ...]      #: the instance's nodes, DP master first
+    node_rank: int              #: this node's position in ``nodes``
+    dp_start_rank: int
+    dp_size_local: int
+    master_host: str
+    master_port: int
+    build: Callable[[str, int], list[ProcessSpec]]
+
+    @property
+    def master(self) -> bool:
+        return self.node_rank == 0
 
 
 @dataclass(frozen=True)
@@ -165,20 +195,81 @@ class InstancePlan:
     kv_events: str | None = None
     bootstrap_port: int | None = None
     kv_transfer: KvTransfer | None = None
+    part: PartPlan | None = None   #: this node's part of an instance spanning nodes
 
     def spec(self, healthy: bool = False) -> InstanceSpec:
         kv = self.kv_transfer
         return InstanceSpec(id=self.id, model=self.engine.model_name, role=self.engine.role,
-                            engine=self.engine.kind, endpoints=[p.endpoint for p in self.processes],
+                            engine=self.engine.kind,
+                            endpoints=[p.endpoint for p in self.processes
+                                       if p.endpoint is not None],
                             kv_events=self.kv_events, bootstrap_port=self.bootstrap_port,
                             healthy=healthy, dp_size=self.engine.dp_size,
                             tp_size=self.engine.tp_size, kv_transfer=kv,
                             metaserver=kv is not None and kv.connector in METASERVER_CONNECTORS)
 
 
+    def part_info(self, epoch: int = 0) -> InstancePart:
+        """The registration of this node's part (a plan with ``part``); the DP master's
+        carries the instance's spec."""
+        pp = self.part
+        if pp is None:
+            raise ValueError(f"instance {self.id} does not span nodes")
+        r = self.engine.restart
+        return InstancePart(
+            instance=self.id, nodes=list(pp.nodes), node_rank=pp.node_rank,
+            dp_start_rank=pp.dp_start_rank, dp_size_local=pp.dp_size_local,
+            spec=self.spec() if pp.master else None,
+            master_host=pp.master_host if pp.master else None,
+            master_port=pp.master_port if pp.master else None, epoch=epoch,
+            restart_backoff_initial_s=r.backoff_initial_s, restart_backoff_max_s=r.backoff_max_s,
+            restart_policy=r.policy.value, max_restarts=r.max_restarts,
+            restart_window_s=r.window_s)
+
+
 class Backend(Protocol):
     def build(self, node: NodeConfig, engine: EngineConfig, index: int,
               cluster: ClusterConfig | None = None) -> InstancePlan: ...
+
+    def build_part(self, node: NodeConfig, engine: EngineConfig,
+                   cluster: ClusterConfig) -> InstancePlan: ...
+
+
+def span_master(cluster: ClusterConfig, engine: EngineConfig) -> tuple[str, int]:
+    """``(host, port)`` of the DP master of ``engine``'s instance spanning nodes: its
+    ``span.master_address`` (else the master node's ``host``) and ``span.master_port`` (else
+    :data:`SPAN_MASTER_PORT_BASE` + the instance's position among the master node's
+    instances)."""
+    s = engine.span
+    assert s is not None
+    master = next(n for n in cluster.nodes if n.name == s.nodes[0])
+    group = next(e for e in master.engines if e.name == engine.name)
+    host = s.master_address or master.host
+    port = s.master_port or SPAN_MASTER_PORT_BASE + instance_ordinal(master, group, 0)
+    return host, port
+
+
+def span_part(node: NodeConfig, engine: EngineConfig, cluster: ClusterConfig,
+              build: Callable[[str, int], list[ProcessSpec]]) -> PartPlan:
+    """The :class:`PartPlan` of ``node``'s part of ``engine``'s instance spanning nodes."""
+    s = engine.span
+    assert s is not None
+    rank = s.nodes.index(node.name)
+    host, port = span_master(cluster, engine)
+    local = engine.dp_size_local
+    return PartPlan(nodes=tuple(s.nodes), node_rank=rank, dp_start_rank=rank * local,
+                    dp_size_local=local, master_host=host, master_port=port, build=build)
+
+
+def span_instance_id(engine: EngineConfig) -> str:
+    """``<master node>/<engine>/0``: the id of an instance spanning nodes, on every node."""
+    assert engine.span is not None
+    return instance_id(engine.span.nodes[0], engine.name, 0)
+
+
+def join_host_port(host: str, port: int) -> str:
+    """``HOST:PORT`` (``[v6]:PORT``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def instance_id(node: str, engine: str, index: int) -> str:
@@ -285,8 +376,15 @@ def plan_node(node: NodeConfig, cluster: ClusterConfig | None = None) -> list[In
     deployment mode and the PD peers' sizes from it (without it, such an engine needs its
     ``kv_transfer_config`` to name them; see :mod:`motor.node_manager.engines.vllm`)."""
     plans: list[InstancePlan] = []
-    for e in node.engines:
+    for j, e in enumerate(node.engines):
         backend = get_backend(e.kind)
+        if e.span is not None:
+            if cluster is None:
+                raise ConfigError(f"engines[{j}].span of node {node.name!r}: expected the "
+                                  f"cluster config to plan an instance spanning nodes (the DP "
+                                  f"master's address is in it), got none")
+            plans.append(backend.build_part(node, e, cluster))
+            continue
         for i in range(e.count):
             plans.append(backend.build(node, e, i, cluster))
     return plans

@@ -11,6 +11,15 @@ argv of instance ``i``::
         <engine_config flags>
         [--disaggregation-bootstrap-port 8998+i]             (prefill; user value wins)
 
+An instance spanning nodes (``span``) runs one process per node, node ``k`` of
+``span.nodes`` with ``--nnodes len(span.nodes) --node-rank k --dist-init-addr A:R`` (the DP
+master's address and port, from the controller's order); the HTTP server is on the master
+(node rank 0) only, the others are not probed. SGLang's sizes are then those of the whole
+instance: ``--tp-size dp_size*tp_size`` (every device of the instance, on all nodes) and
+``--dp-size dp_size`` (its DP-attention ranks: add ``enable_dp_attention: true``). Source:
+sgl-project/sglang ``python/sglang/srt/server_args.py`` ("Multi-node distributed serving":
+``--dist-init-addr`` "e.g., `192.168.0.2:25000`", ``--nnodes``, ``--node-rank``).
+
 Env: ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=true`` (``/health`` runs a 1-token
 generation, so a stuck engine is unhealthy) and the node platform's device variable
 (``ASCEND_RT_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES``, none on ``cpu``) with the instance's
@@ -26,9 +35,10 @@ from motor.config.engine_flags import managed_flags
 from motor.config.schema import ClusterConfig, EngineConfig, NodeConfig, Role
 from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, device_env,
                                         endpoint, engine_flags, group_devices, instance_id,
-                                        launcher, process_name)
+                                        join_host_port, launcher, process_name,
+                                        span_instance_id, span_part)
 from motor.node_manager.engines.vllm import kv_events_address, user_value
-from motor.protocol.instances import KvTransfer
+from motor.protocol.instances import Endpoint, KvTransfer
 BOOTSTRAP_PORT_BASE = 8998
 
 
@@ -78,6 +88,51 @@ class SglangBackend:
                             kv_events=kv_events_address(engine),
                             bootstrap_port=self.bootstrap_port(engine, index),
                             kv_transfer=self.kv_transfer(engine))
+
+    def part_argv(self, engine: EngineConfig, node_rank: int, master_host: str,
+                  master_port: int) -> list[str]:
+        """argv of node ``node_rank``'s part of ``engine``'s instance spanning nodes."""
+        assert engine.span is not None
+        managed: list[tuple[str, Any]] = []
+        if node_rank == 0:
+            managed += [("host", engine.host), ("port", engine.base_port)]
+        managed += [("model-path", engine.model), ("served-model-name", engine.model_name),
+                    ("tp-size", engine.dp_size * engine.tp_size)]
+        if engine.dp_size > 1:
+            managed.append(("dp-size", engine.dp_size))
+        if engine.role is not Role.UNION:
+            managed.append(("disaggregation-mode", engine.role.value))
+        managed += [("nnodes", len(engine.span.nodes)), ("node-rank", node_rank),
+                    ("dist-init-addr", join_host_port(master_host, master_port))]
+        defaults: list[tuple[str, Any]] = []
+        bp = self.bootstrap_port(engine, 0)
+        if bp is not None and node_rank == 0:
+            defaults.append(("disaggregation-bootstrap-port", bp))
+        return launcher(engine, default_launcher()) + engine_flags(
+            engine.engine_config, managed=managed, defaults=defaults,
+            where=f"engines[{engine.name}].engine_config", reserved=managed_flags("sglang"))
+
+    def build_part(self, node: NodeConfig, engine: EngineConfig,
+                   cluster: ClusterConfig) -> InstancePlan:
+        iid = span_instance_id(engine)
+        rank = engine.span.nodes.index(node.name) if engine.span else 0
+
+        def build(master_host: str, master_port: int) -> list[ProcessSpec]:
+            env: dict[str, str] = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "true"}
+            env.update(device_env(node, engine, group_devices(node, engine)))
+            env.update(base_env(engine, iid, rank * engine.dp_size_local))
+            ep = Endpoint(host=engine.host, port=engine.base_port, dp_rank=0) if rank == 0 \
+                else None
+            return [ProcessSpec(name=process_name(node.name, engine.name, 0, 0, 1),
+                                argv=self.part_argv(engine, rank, master_host, master_port),
+                                env=env, endpoint=ep,
+                                health_path=engine.health_path if rank == 0 else None)]
+        part = span_part(node, engine, cluster, build)
+        return InstancePlan(id=iid, node=node.name, engine=engine,
+                            processes=build(part.master_host, part.master_port),
+                            kv_events=kv_events_address(engine) if rank == 0 else None,
+                            bootstrap_port=self.bootstrap_port(engine, 0) if rank == 0 else None,
+                            kv_transfer=self.kv_transfer(engine), part=part)
 
     def kv_transfer(self, engine: EngineConfig) -> KvTransfer | None:
         """PD instances: the transfer backend (SGLang's default: mooncake) as the connector."""

