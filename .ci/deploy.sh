@@ -13,6 +13,21 @@ if ! command -v kubectl > /dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client > /dev/null
 fi
 kubectl version --client 2>/dev/null | head -2 || true
+# the pod-shaped test (tests/deploy/test_pod_topology.py) runs the etcd pods' own command:
+# Debian's etcd-server, without starting its service (a refusing policy-rc.d for the install)
+if ! command -v etcd > /dev/null; then
+    echo "installing etcd-server (Debian package)"
+    policy_added=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+        policy_added=1
+    fi
+    apt-get update -qq > /dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server \
+        > /dev/null
+    [ -z "$policy_added" ] || rm -f /usr/sbin/policy-rc.d
+fi
 if ! .venv/bin/python -c "import kubernetes_validate" 2> /dev/null; then
     .venv/bin/pip install -q "kubernetes-validate>=1.34,<2"   # also in pyproject's test extra
 fi

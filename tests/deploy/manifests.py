@@ -62,10 +62,12 @@ def motor_container(workload: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def pod_env(workload: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
-    """The container's environment as its first pod gets it (Downward API fields filled in)."""
-    pod_name = f"{workload['metadata']['name']}-0"
-    fields = {"status.podIP": POD_IP, "metadata.name": pod_name, "metadata.namespace": NAMESPACE}
+def pod_env(workload: dict[str, Any], container: dict[str, Any], pod_name: str | None = None,
+            pod_ip: str = POD_IP) -> dict[str, str]:
+    """The container's environment as a pod gets it (Downward API fields filled in): pod
+    ``pod_name`` (default: the first, ``<workload>-0``) at ``pod_ip``."""
+    pod_name = pod_name or f"{workload['metadata']['name']}-0"
+    fields = {"status.podIP": pod_ip, "metadata.name": pod_name, "metadata.namespace": NAMESPACE}
     env: dict[str, str] = {}
     for e in container.get("env", []):
         if "value" in e:
