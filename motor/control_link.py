@@ -22,6 +22,7 @@ from motor.control_tls import controller_endpoint
 
 if TYPE_CHECKING:
     from motor.config.schema import ControlPlaneTlsConfig
+    from motor.control_tls import ControlPlaneTls
     from motor.http.client import Client
 
 #: redirects followed for one request (a leader that changes while we follow it)
@@ -76,6 +77,9 @@ class ControllerLink:
         #: the leader's URL as the last answer told it (None: not known)
         self.leader: str | None = None
         self.redirects = 0  #: leader hints followed so far (diagnostics)
+        #: ``controller.tls``'s contexts when the owner keeps them current
+        #: (:class:`motor.control_tls.ControlPlaneTls`); None otherwise
+        self.tls_files: ControlPlaneTls | None = None
 
     @property
     def url(self) -> str:

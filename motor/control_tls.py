@@ -57,6 +57,52 @@ def client_context(t: ControlPlaneTlsConfig) -> ssl.SSLContext:
     return ctx
 
 
+#: seconds between two looks at the control-plane certificate files
+RELOAD_INTERVAL_S = 5.0
+
+
+class ControlPlaneTls:
+    """The ``controller.tls`` contexts of one component, kept current with their files.
+
+    ``server`` (the controller's port, a node manager's management API) and ``client`` (every
+    control-plane connection it makes) are made once; :meth:`check` re-loads the certificate,
+    key and CA into the same contexts when a file changed (the component calls it every
+    :data:`RELOAD_INTERVAL_S`, and with ``force=True`` on SIGHUP). New handshakes use the new
+    certificate; open connections are not dropped; a pair that does not load is logged and
+    the previous one stays (:class:`motor.http.tls.CertReloader`). A CA added to ``ca_file``
+    is trusted at once; one removed stays trusted until a restart (OpenSSL only adds).
+
+    Raises
+    ------
+    ConfigError
+        as :func:`server_context` (at construction).
+    """
+
+    def __init__(self, t: ControlPlaneTlsConfig) -> None:
+        self.server = server_context(t)
+        self.client = client_context(t)
+        self._reloaders = [
+            _tls.CertReloader(ctx, t.cert_file, t.key_file, t.key_password_file, t.ca_file,
+                              FIELD) for ctx in (self.server, self.client)]
+        self._next = 0.0
+
+    @property
+    def reloads(self) -> int:
+        return self._reloaders[0].reloads
+
+    def check(self, force: bool = False) -> bool:
+        """Re-load if a file changed (or ``force``); True when new material is in use."""
+        changed = [r.check(force) for r in self._reloaders]
+        return any(changed)
+
+    def check_every(self, now: float) -> bool:
+        """:meth:`check` at most every :data:`RELOAD_INTERVAL_S` (``now``: monotonic s)."""
+        if now < self._next:
+            return False
+        self._next = now + RELOAD_INTERVAL_S
+        return self.check()
+
+
 def check(t: ControlPlaneTlsConfig | None) -> None:
     """Load every file of ``controller.tls`` once (both sides), so a bad one is an error
     before anything starts.
@@ -100,4 +146,5 @@ def controller_endpoint(url: str, t: ControlPlaneTlsConfig | None,
     return u.hostname, port or (443 if https else 80), https
 
 
-__all__ = ["FIELD", "check", "client_context", "controller_endpoint", "server_context"]
+__all__ = ["FIELD", "RELOAD_INTERVAL_S", "ControlPlaneTls", "check", "client_context",
+           "controller_endpoint", "server_context"]

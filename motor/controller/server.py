@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from motor.http.server import ListenError, bind_error_reason  # noqa: F401
 from motor.config.schema import ControllerConfig
-from motor.control_tls import client_context, server_context
+from motor.control_tls import ControlPlaneTls
 from motor.controller import engine_metrics, page
 from motor.controller.ha import Leadership
 from motor.controller.registry import (ACTIONS, Clock, Registry, RegistryConflict, Transition,
@@ -110,11 +110,13 @@ class ControllerServer:
         self.metrics = _Metrics()
         self.registry = self._new_registry()
         self._http = HttpServer(self._route())
-        #: mTLS with ``controller.tls`` (raises ConfigError naming a bad file)
-        self._tls = server_context(config.tls) if config.tls is not None else None
+        #: mTLS with ``controller.tls`` (raises ConfigError naming a bad file); the files are
+        #: re-read when they change (:meth:`reload_tls`)
+        self.tls_files = ControlPlaneTls(config.tls) if config.tls is not None else None
+        self._tls = self.tls_files.server if self.tls_files is not None else None
         #: to the node managers' management APIs (lifecycle), mTLS with ``controller.tls``
-        self._nm_client = Client(connect_timeout_s=2.0, tls=client_context(config.tls)
-                                 if config.tls is not None else None)
+        self._nm_client = Client(connect_timeout_s=2.0, tls=self.tls_files.client
+                                 if self.tls_files is not None else None)
         self._checker: asyncio.Task[None] | None = None
         self._table_bytes: tuple[int, bytes] = (-1, b"")
         self._watchers = 0
@@ -190,11 +192,18 @@ class ControllerServer:
         host = f"[{host}]" if ":" in host else host
         return f"{scheme}://{host}:{self.port}"
 
+    def reload_tls(self, force: bool = False) -> bool:
+        """Re-read ``controller.tls``'s files if they changed (``force``: whatever; SIGHUP);
+        True when new material is in use."""
+        return self.tls_files.check(force) if self.tls_files is not None else False
+
     async def _check_loop(self) -> None:
         period = max(0.05, min(1.0, self.config.heartbeat_timeout_s / 10))
         was_leader = self.leading
         while True:
             await asyncio.sleep(period)
+            if self.tls_files is not None:
+                self.tls_files.check_every(time.monotonic())
             lead = self.leading
             self.metrics.is_leader.set(1 if lead else 0)
             if self.ha is not None and was_leader and not lead:
@@ -563,6 +572,12 @@ async def serve_controller(config: ControllerConfig, host: str | None = None,
     """Run a controller until ``stop`` is set (or forever)."""
     server = ControllerServer(config, advertise_host=advertise_host)
     await server.start(host, port)
+    if server.tls_files is not None:   # SIGHUP: re-read the certificate files now
+        try:
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGHUP, lambda: server.reload_tls(force=True))
+        except (NotImplementedError, RuntimeError):   # not the main thread (tests)
+            pass
     try:
         await (stop.wait() if stop is not None else asyncio.Event().wait())
     finally:

@@ -64,12 +64,15 @@ def controller_client(urls: str, tls: ControlPlaneTlsConfig | None,
         a TLS file that is missing or does not load.
     """
     from motor.control_link import ControllerLink
-    from motor.control_tls import client_context
+    from motor.control_tls import ControlPlaneTls
     from motor.http.client import Client
+    files = ControlPlaneTls(tls) if tls is not None else None
     client = Client(max_connections_per_endpoint=max_connections_per_endpoint,
                     connect_timeout_s=connect_timeout_s,
-                    tls=client_context(tls) if tls is not None else None)
-    return ControllerLink(urls, client, tls)
+                    tls=files.client if files is not None else None)
+    link = ControllerLink(urls, client, tls)
+    link.tls_files = files   # re-read on change by follow_controller
+    return link
 
 
 async def follow_controller(link: ControllerLink,
@@ -96,6 +99,8 @@ async def follow_controller(link: ControllerLink,
     down_since: float | None = None
     while True:
         path = f"/v1/instances?after={version or 0}&timeout={poll_timeout_s:g}"
+        if link.tls_files is not None:   # controller.tls's files, re-read when they change
+            link.tls_files.check_every(time.monotonic())
         try:
             status, body = await link.request("GET", path, None, poll_timeout_s + 5.0)
             if status != 200:

@@ -62,7 +62,7 @@ from motor.aio import cancel_and_wait
 from motor.http.server import ListenError, bind_error_reason  # noqa: F401
 from motor.config.schema import ClusterConfig, ControlPlaneTlsConfig, NodeConfig
 from motor.control_link import ControllerLink, controller_urls
-from motor.control_tls import client_context, server_context
+from motor.control_tls import ControlPlaneTls
 from motor.errors import ConfigError
 from motor.http import Client, HttpServer, Request, Response, Router, install_uvloop
 from motor.node_manager.engines import InstancePlan, plan_node
@@ -315,7 +315,9 @@ class NodeAgent:
         for u in urls:
             parse_url(u)
         #: the management API's server context (mTLS) with ``controller.tls``
-        self._server_tls = server_context(tls) if tls is not None else None
+        #: ``controller.tls``'s contexts, re-read when the files change (:meth:`reload_tls`)
+        self.tls_files = ControlPlaneTls(tls) if tls is not None else None
+        self._server_tls = self.tls_files.server if self.tls_files is not None else None
         self.heartbeat_interval_s = heartbeat_interval_s
         self.log_dir = log_dir or node.log_dir or os.environ.get(ENGINE_LOG_DIR_ENV) or None
         self._temp_log_dir = False  #: log_dir is a temp dir this agent made (removed on stop)
@@ -325,7 +327,7 @@ class NodeAgent:
         self.plans = plan_node(node, cluster)  # raises ConfigError on a bad engine_config
         # one client: plain HTTP to the engines, mTLS to the controller with controller.tls
         self.client = Client(connect_timeout_s=2.0,
-                             tls=client_context(tls) if tls is not None else None)
+                             tls=self.tls_files.client if self.tls_files is not None else None)
         #: the leading controller among ``controller_url``'s (a follower's 307 is followed)
         self.link = ControllerLink(urls, self.client, tls)
         self.instances: list[EngineInstance] = []
@@ -487,6 +489,11 @@ class NodeAgent:
         out = orjson.loads(raw)
         return out if isinstance(out, dict) else {}
 
+    def reload_tls(self, force: bool = False) -> bool:
+        """Re-read ``controller.tls``'s files if they changed (``force``: whatever; SIGHUP);
+        True when new material is in use (management API and controller connections)."""
+        return self.tls_files.check(force) if self.tls_files is not None else False
+
     async def _control_loop(self) -> None:
         timeout = max(1.0, min(5.0, 2 * self.heartbeat_interval_s))
         backoff_min = min(0.2, self.heartbeat_interval_s)
@@ -496,6 +503,8 @@ class NodeAgent:
         started = time.monotonic()
         warned = False   # the outage of this try was logged at WARNING
         while True:
+            if self.tls_files is not None:
+                self.tls_files.check_every(time.monotonic())
             try:
                 if not self.registered:
                     r = await self._post("/v1/nodes/register", self.registration(), timeout)
@@ -1078,6 +1087,8 @@ def run_node_manager(node: NodeConfig, controller_url: str, heartbeat_interval_s
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if agent.tls_files is not None:   # SIGHUP: re-read the certificate files now
+            loop.add_signal_handler(signal.SIGHUP, lambda: agent.reload_tls(force=True))
         await serve_node_manager(agent, stop)
 
     asyncio.run(main())

@@ -37,6 +37,14 @@ def _identity(ca: trustme.CA, d: Path, name: str,
     return str(c), str(k)
 
 
+_CAS: dict[int, trustme.CA] = {}
+
+
+def _ca_of(pki: dict[str, ControlPlaneTlsConfig]) -> trustme.CA:
+    """The trustme CA behind ``pki`` (to issue more certificates of the cluster)."""
+    return _CAS[id(pki)]
+
+
 @pytest.fixture
 def pki(tmp_path: Path) -> dict[str, ControlPlaneTlsConfig]:
     """``good``: the cluster's identity; ``other``: a certificate of another CA (trusting the
@@ -47,11 +55,13 @@ def pki(tmp_path: Path) -> dict[str, ControlPlaneTlsConfig]:
     cert, key = _identity(ca, tmp_path, "plane")
     ocert, okey = _identity(other_ca, tmp_path, "other")
     ncert, nkey = _identity(ca, tmp_path, "named", ("controller.example",))
-    return {"good": ControlPlaneTlsConfig(ca_file=str(ca_file), cert_file=cert, key_file=key),
+    out = {"good": ControlPlaneTlsConfig(ca_file=str(ca_file), cert_file=cert, key_file=key),
             "other": ControlPlaneTlsConfig(ca_file=str(ca_file), cert_file=ocert,
                                            key_file=okey),
             "named": ControlPlaneTlsConfig(ca_file=str(ca_file), cert_file=ncert,
                                            key_file=nkey)}
+    _CAS[id(out)] = ca
+    return out
 
 
 _REGISTER = (b'{"node": "intruder", "host": "127.0.0.1", "instances": []}')
@@ -232,3 +242,55 @@ def test_controller_cli_refuses_a_bad_certificate_file(pki, tmp_path: Path) -> N
     assert r.stderr.strip() == (f"motor controller: controller.tls.cert_file: expected a "
                                 f"readable PEM file, got '{tmp_path / 'nope.pem'}' (no such "
                                 f"file)")
+
+
+def _peer_serial(port: int, ctx: ssl.SSLContext) -> tuple[int, ssl.SSLSocket]:
+    raw = socket.create_connection(("127.0.0.1", port), 5)
+    s = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+    der = s.getpeercert(binary_form=True)
+    assert der is not None
+    from cryptography import x509
+    return x509.load_der_x509_certificate(der).serial_number, s
+
+
+def test_control_plane_certificates_reload_without_dropping_connections(
+        pki: dict[str, ControlPlaneTlsConfig], tmp_path: Path) -> None:
+    """The controller's certificate files rotated in place: after the reload (what the
+    5-second check or SIGHUP does) a new handshake gets the new certificate, a connection
+    opened before keeps working, and a rotation to files that do not load keeps the old
+    pair."""
+    good = pki["good"]
+    live_cert, live_key = tmp_path / "live.pem", tmp_path / "live.key"
+    live_cert.write_bytes(Path(good.cert_file).read_bytes())
+    live_key.write_bytes(Path(good.key_file or good.cert_file).read_bytes())
+    cfg = ControlPlaneTlsConfig(ca_file=good.ca_file, cert_file=str(live_cert),
+                                key_file=str(live_key))
+
+    async def main() -> None:
+        server = ControllerServer(ControllerConfig(host="127.0.0.1", tls=cfg))
+        port = await server.start(port=0)
+        try:
+            ctx = client_context(cfg)
+            first, old_conn = await asyncio.to_thread(_peer_serial, port, ctx)
+            # rotate: another certificate of the same CA
+            new_cert, new_key = _identity(_ca_of(pki), tmp_path, "rotated")
+            live_cert.write_bytes(Path(new_cert).read_bytes())
+            live_key.write_bytes(Path(new_key).read_bytes())
+            assert server.reload_tls() is True
+            second, new_conn = await asyncio.to_thread(_peer_serial, port, ctx)
+            assert second != first
+            for conn in (old_conn, new_conn):   # both still answer
+                def ask(c: ssl.SSLSocket = conn) -> bytes:
+                    c.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+                    return c.recv(100)
+                assert (await asyncio.to_thread(ask)).startswith(b"HTTP/1.1 200")
+                conn.close()
+            # a half-written rotation: the key does not match -> the previous pair stays
+            live_key.write_bytes(Path(good.key_file or good.cert_file).read_bytes())
+            assert server.reload_tls() is False
+            third, conn = await asyncio.to_thread(_peer_serial, port, ctx)
+            conn.close()
+            assert third == second
+        finally:
+            await server.stop()
+    asyncio.run(main())
