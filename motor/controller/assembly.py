@@ -24,6 +24,13 @@ DP master's part carries the instance's spec and the master's address). The
   ``window_s``, leaves it ``unhealthy`` and stopped. The count starts over once the instance
   was ``ready``.
 
+Operator actions (:meth:`Assembler.act`, the lifecycle API; the controller does them itself,
+as no single node manager holds the instance): ``drain`` marks it ``draining`` (coordinators
+stop routing to it; the server waits for the DP master's engine to be idle, then stops it),
+``stop`` orders every part to stop (``stopped``, no restart), ``start`` and ``restart`` order
+every part to run at epoch + 1 (node managers restart their processes on a new epoch). An
+operator's stop is not persisted: a new leader starts the instance again.
+
 A controller that starts without state (no etcd) adopts the epoch the parts report when they
 all run at one epoch (their engines keep running); else it starts them at the highest epoch
 reported + 1. With etcd, the parts are in the node records (:meth:`Assembler.records`), so a
@@ -73,6 +80,8 @@ class _Assembly:
     #: what the table holds (None: not in it)
     state: InstanceState | None = None
     reason: str = ""
+    #: an operator's hold: ``drain`` (draining, running) or ``stop`` (stopped); None: none
+    admin: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -199,6 +208,39 @@ class Assembler:
                 out += self._evaluate(a, now)
         return out
 
+    def act(self, instance_id: str, action: str, now: float) -> list[Update]:
+        """An operator's ``drain`` / ``stop`` / ``start`` / ``restart`` (see the module
+        docstring; a restart's drain is the server's: ``drain`` first, then ``restart``).
+
+        Raises
+        ------
+        KeyError
+            ``instance_id`` is not a spanning instance, or it is not assembled.
+        """
+        a = self._by_id.get(instance_id)
+        if a is None or not a.complete:
+            raise KeyError(instance_id)
+        if action == "drain":
+            a.admin = "drain"
+            return self._publish(a, InstanceState.DRAINING, "draining on an operator's request")
+        if action == "stop":
+            a.admin, a.run, a.restart_at = "stop", False, None
+            logger.info("instance %s: every part of %s ordered to stop (operator)", a.id,
+                        ", ".join(a.nodes))
+            return self._publish(a, InstanceState.STOPPED, "stopped by an operator")
+        a.admin, a.restart_at, a.consecutive = None, None, 0
+        self._order(a, a.epoch + 1, now)
+        a.state = None    # re-published as starting by the evaluation
+        return self._evaluate(a, now) or self._publish(
+            a, InstanceState.STARTING, f"operator: {action} (epoch {a.epoch})")
+
+    def master_endpoints(self, instance_id: str) -> list[tuple[str, int]]:
+        """``(host, port)`` of the spanning instance's API endpoints (the DP master's)."""
+        a = self._by_id.get(instance_id)
+        if a is None or a.master.spec is None:
+            return []
+        return [(e.host, e.port) for e in a.master.spec.endpoints]
+
     # -------------------------------------------------------------- internals
     def _drop_part(self, a: _Assembly, node: str, why: str, now: float) -> list[Update]:
         del a.parts[node]
@@ -225,6 +267,8 @@ class Assembler:
             if a.state is not None:
                 return self._publish(a, None, "a part is missing")
             return []
+        if a.admin is not None:
+            return []   # an operator's drain or stop holds the state
         if a.epoch == 0 or (not a.run and a.restart_at is None and a.state is None):
             self._assemble(a, now)
         if a.run:

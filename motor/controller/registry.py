@@ -207,6 +207,10 @@ class Registry:
             rec["parts"] = parts
         return rec
 
+    def spanning(self, instance_id: str) -> bool:
+        """True for an instance that spans nodes (its lifecycle is the controller's own)."""
+        return instance_id in self.assembly.ids()
+
     def orders(self, node: str) -> list[PartOrder]:
         """What ``node``'s parts of instances spanning nodes run now (the answers' ``parts``)."""
         return self.assembly.orders(node)
@@ -406,6 +410,13 @@ class Registry:
         e = self._entries.get(instance_id)
         if e is None:
             raise UnknownInstance(instance_id)
+        if self.spanning(instance_id):   # the assembler orders every part itself
+            now = self.clock()
+            try:
+                updates = self.assembly.act(instance_id, action, now)
+            except KeyError:
+                raise UnknownInstance(instance_id) from None
+            return self._commit(self._apply(updates, now), force=True)
         if action == "restart" and not drain:
             state = InstanceState.STOPPED
         else:

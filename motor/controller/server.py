@@ -127,6 +127,8 @@ class ControllerServer:
         #: is known)
         self.ha: Leadership | None = None
         self._flush_lock = asyncio.Lock()
+        #: drains of spanning instances under way (kept referenced until done)
+        self._drains: set[asyncio.Task[None]] = set()
 
     def _new_registry(self) -> Registry:
         reg = Registry(self.config.heartbeat_timeout_s, self.config.remove_after_s, self.clock,
@@ -170,6 +172,9 @@ class ControllerServer:
             except asyncio.CancelledError:
                 pass
             self._checker = None
+        for t in list(self._drains):
+            t.cancel()
+        await asyncio.gather(*self._drains, return_exceptions=True)
         if self.ha is not None:
             if self.ha.is_leader:
                 try:   # what the last requests changed, before the lease goes
@@ -401,6 +406,8 @@ class ControllerServer:
         drain = body.get("drain", True)
         if not isinstance(drain, bool):
             return _bad(resp, 400, f"drain: expected true or false, got {drain!r}")
+        if self.registry.spanning(iid):
+            return await self._lifecycle_spanning(iid, action, drain, body, resp)
         try:
             node, host, mgmt_port = self.registry.node_of(iid)
         except UnknownInstance:
@@ -439,6 +446,74 @@ class ControllerServer:
         resp.send(200, orjson.dumps({"instance": iid, "action": action,
                                      "state": self.registry.state(iid).value,
                                      "version": version, "node_manager": answer}))
+
+    async def _lifecycle_spanning(self, iid: str, action: str, drain: bool,
+                                  body: dict[str, object], resp: Response) -> None:
+        """The lifecycle of an instance spanning nodes: the controller orders every part
+        itself (:meth:`motor.controller.assembly.Assembler.act`). A drain (and a restart's)
+        waits ``grace_s`` (default 2 x heartbeat interval), then until the DP master's engine
+        has no running or waiting request (``timeout_s``, default 60), then stops (and for a
+        restart starts the instance again at a new epoch), in the background."""
+        timeout_s, grace_s = body.get("timeout_s", 60.0), body.get("grace_s")
+        for name, v in (("timeout_s", timeout_s), ("grace_s", grace_s)):
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
+                                  or v < 0):
+                return _bad(resp, 400, f"{name}: expected a number of seconds >= 0, got {v!r}")
+        if grace_s is None:
+            grace_s = 2 * self.config.heartbeat_interval_s
+        first = "drain" if action in ("drain", "restart") and drain else action
+        try:
+            version = self.registry.act(iid, first)
+        except UnknownInstance:
+            return _bad(resp, 409, f"instance {iid!r} spans nodes and is not assembled: "
+                                   f"nothing to {action}")
+        if not await self._persisted(resp):
+            return
+        if first == "drain":
+            then = "restart" if action == "restart" else None
+            task = asyncio.create_task(self._drain_spanning(
+                iid, then, float(timeout_s), float(grace_s)))  # type: ignore[arg-type]
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
+        self.metrics.actions.labels(action, "ok").inc()
+        logger.info("instance %s (spanning nodes): operator %s", iid, action)
+        resp.send(200, orjson.dumps({"instance": iid, "action": action,
+                                     "state": self.registry.state(iid).value,
+                                     "version": version, "node_manager": None}))
+
+    async def _drain_spanning(self, iid: str, then: str | None, timeout_s: float,
+                              grace_s: float) -> None:
+        from motor.protocol.engine_metrics import parse_engine_metrics
+        reg = self.registry
+        await asyncio.sleep(grace_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            busy = 0.0
+            for host, port in reg.assembly.master_endpoints(iid):
+                try:
+                    status, raw = await self._nm_client.get_json_bytes(host, port, "/metrics",
+                                                                       2.0)
+                except Exception:  # noqa: BLE001 - a dead engine has nothing in flight
+                    continue
+                if status == 200:
+                    waiting, running, _ = parse_engine_metrics(raw.decode("utf-8", "replace"))
+                    busy += waiting + running
+            if busy == 0:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            logger.warning("instance %s: drain timed out after %g s with requests in flight; "
+                           "stopping it anyway", iid, timeout_s)
+        if reg is not self.registry or not self.leading \
+                or reg.state(iid) is not InstanceState.DRAINING:
+            return   # deposed, or another action came first
+        try:
+            reg.act(iid, "stop")
+            if then == "restart":
+                reg.act(iid, "restart")
+            await self._persist()
+        except Exception as e:  # noqa: BLE001 - logged; the operator sees the state
+            logger.warning("instance %s: end of drain failed: %s", iid, e)
 
     async def _instances(self, req: Request, resp: Response) -> None:
         q = req.query_params()

@@ -234,6 +234,29 @@ def test_instance_spanning_two_nodes_restarts_as_a_whole(tmp_path: Path) -> None
         assert min(by_rank.values()) >= 1, by_rank
         ctl_log = (tmp_path / "controller.log").read_text()
         assert "restarting the whole instance (epoch 2)" in ctl_log, ctl_log[-3000:]
+
+        # the lifecycle through motor ctl: the controller orders every part itself
+        def ctl(*args: str) -> subprocess.CompletedProcess[bytes]:
+            return subprocess.run(py + ["ctl", *args, "--controller", ctrl],
+                                  capture_output=True, timeout=90)
+
+        r = ctl("drain", SPAN, "--grace", "0.5")
+        assert r.returncode == 0, r.stderr.decode()
+        assert table()[SPAN]["state"] == "stopped"
+        until(lambda: SPAN not in routable(), "the coordinator drops the stopped instance")
+        until(lambda: status(master + "/health", 0.5) != 200, "the master stopped", 20)
+        assert [complete(gw) for _ in range(6)] == [200] * 6      # the n3 instance serves
+        r = ctl("start", SPAN)
+        assert r.returncode == 0, r.stderr.decode()
+        until(lambda: table()[SPAN]["state"] == "ready", "ready after start", 40)
+        parts = get(f"http://{ips[1]}:{MGMT_PORT}/v1/instances")["parts"]
+        assert parts[0]["epoch"] == 3
+        r = ctl("restart", SPAN, "--no-drain")
+        assert r.returncode == 0, r.stderr.decode()
+        until(lambda: table()[SPAN]["state"] == "ready", "ready after restart", 40)
+        assert get(f"http://{ips[1]}:{MGMT_PORT}/v1/instances")["parts"][0]["epoch"] == 4
+        until(lambda: routable() == {SPAN, SOLO}, "routed to again after the restart")
+        assert [complete(gw) for _ in range(8)] == [200] * 8
     finally:
         stop_all(managers)
         stop_all(procs)

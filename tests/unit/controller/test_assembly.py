@@ -213,3 +213,37 @@ def test_node_records_carry_the_parts_and_restore_them() -> None:
     beat(new, "n1", e)
     beat(new, "n2", e)
     assert new.state(IID) is InstanceState.READY
+
+
+def test_operator_actions_order_every_part(reg: Registry) -> None:
+    """drain holds ``draining`` whatever the heartbeats say; stop orders every part to stop
+    (``stopped``, no restart on failures); start orders a new epoch (``starting``, then
+    ``ready`` once every part runs it); an unknown or unassembled instance is refused."""
+    e = running(reg)
+    assert reg.spanning(IID)
+    reg.act(IID, "drain")
+    assert reg.state(IID) is InstanceState.DRAINING
+    beat(reg, "n1", e)
+    beat(reg, "n2", e)
+    assert reg.state(IID) is InstanceState.DRAINING and order(reg, "n1").run
+    reg.act(IID, "stop")
+    assert reg.state(IID) is InstanceState.STOPPED
+    assert not order(reg, "n1").run and not order(reg, "n2").run
+    beat(reg, "n2", e, healthy=False, failed=True)     # its processes ended: no restart
+    reg.check()
+    assert reg.state(IID) is InstanceState.STOPPED and not order(reg, "n2").run
+    reg.act(IID, "start")
+    assert reg.state(IID) is InstanceState.STARTING
+    assert order(reg, "n1") == order(reg, "n1").model_copy(update={"epoch": e + 1, "run": True})
+    beat(reg, "n1", e + 1)
+    beat(reg, "n2", e + 1)
+    assert reg.state(IID) is InstanceState.READY
+    reg.act(IID, "restart")
+    assert order(reg, "n2").epoch == e + 2 and reg.state(IID) is InstanceState.STARTING
+
+
+def test_operator_action_on_an_unassembled_instance_is_refused(reg: Registry) -> None:
+    from motor.controller.registry import UnknownInstance
+    register(reg, "n1")
+    with pytest.raises(UnknownInstance):
+        reg.act(IID, "stop")
