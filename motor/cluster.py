@@ -61,6 +61,7 @@ from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 from motor.config import ClusterConfig
+from motor.config.schema import EngineConfig
 from motor.errors import ConfigError
 from motor.procs import backoff_delay, describe_exit, die_with_parent, group_alive, tail_lines
 
@@ -213,7 +214,7 @@ class Cluster:
 
     @property
     def endpoints_wanted(self) -> int:
-        return sum(e.count * e.dp_size for n in self.cfg.nodes for e in n.engines)
+        return sum(_api_ports(n.name, e) for n in self.cfg.nodes for e in n.engines)
 
     def component(self, name: str) -> Component | None:
         return next((c for c in self.components if c.name == name), None)
@@ -227,7 +228,7 @@ class Cluster:
         for i, n in enumerate(self.cfg.nodes):
             for j, e in enumerate(n.engines):
                 wanted += [(e.host, e.base_port + k, f"nodes[{i}].engines[{j}].base_port"
-                            + (f"+{k}" if k else "")) for k in range(e.count * e.dp_size)]
+                            + (f"+{k}" if k else "")) for k in range(_api_ports(n.name, e))]
         busy = []
         for host, port, field in wanted:
             if host not in ("127.0.0.1", "localhost", "0.0.0.0", "::1"):
@@ -695,3 +696,12 @@ def _get_json(url: str, timeout_s: float = 1.0, any_status: bool = False,
 
 
 __all__ = ["Cluster", "Component", "StartError", "say"]
+
+
+def _api_ports(node: str, e: EngineConfig) -> int:
+    """API ports (= routable endpoints) engine group ``e`` opens on node ``node``: one per
+    instance and DP rank; an instance spanning nodes (``span``) has one, on its DP master's
+    node (the first of ``span.nodes``), and none on its headless nodes."""
+    if e.span is None:
+        return e.count * e.dp_size
+    return 1 if node == e.span.nodes[0] else 0
