@@ -1,6 +1,7 @@
 """The live cluster page (``GET /cluster`` on the controller) in a real headless Chromium
-(`-m browser`, the browser lane: .ci/browser.sh): a controller and a node manager with two
-``motor sim`` engines as processes on 127.0.0.1; the page shows both instances ready with
+(`-m browser`, the browser lane: .ci/browser.sh): ``motor up`` with two ``motor sim``
+engines on 127.0.0.1 under a small load through its coordinator; the page shows both
+instances ready with
 their engines' figures, then, after a kill -9 of one engine, that instance unhealthy and
 ready again, without a reload. A screenshot is saved (``$MOTOR_ARTIFACTS_DIR``, else the
 test's tmp dir).
@@ -111,8 +112,8 @@ def _rows(driver: Any) -> dict[str, dict[str, str]]:
 
 
 class Load:
-    """A thread sending small completions to the engines directly (so the page has request
-    rates, TTFT and prefix hits to show); errors (the killed engine) are ignored."""
+    """A thread sending small completions through the coordinator (so the page has request
+    rates, TTFT and prefix hits to show); errors are ignored."""
 
     def __init__(self, ports: list[int]) -> None:
         self.ports = ports
@@ -146,12 +147,13 @@ def test_the_page_follows_an_engine_killed_and_restarted_without_a_reload(tmp_pa
     webdriver = _browser()
     from selenium.webdriver.chrome.service import Service
 
-    cport, mport = free_ports(2)
+    cport, mport, gw = free_ports(3)
     base = free_ports(2, consecutive=True)[0]
     cfg = {
         "controller": {"host": "127.0.0.1", "port": cport, "heartbeat_interval_s": 0.2,
                        "heartbeat_timeout_s": 2.0, "remove_after_s": 30.0,
                        "watch_timeout_s": 20},
+        "coordinator": {"host": "127.0.0.1", "port": gw},
         "nodes": [{"name": "n1", "mgmt_port": mport, "log_dir": str(tmp_path / "logs"),
                    "engines": [{"name": "sim", "kind": "sim", "model": "motor-sim",
                                 "count": 2, "base_port": base, "health_interval_s": 0.1,
@@ -162,20 +164,20 @@ def test_the_page_follows_an_engine_killed_and_restarted_without_a_reload(tmp_pa
     cfile = tmp_path / "cluster.yaml"
     cfile.write_text(yaml.safe_dump(cfg))
     curl = f"http://127.0.0.1:{cport}"
-    ctrl = _spawn(["controller", "-c", str(cfile)], tmp_path / "controller.log")
-    nm: subprocess.Popen[bytes] | None = None
+    up = _spawn(["up", "-c", str(cfile), "--log-dir", str(tmp_path / "up-logs")],
+                tmp_path / "up.log")
     driver: Any = None
     load: Load | None = None
     shots = Path(os.environ.get("MOTOR_ARTIFACTS_DIR") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     try:
-        _wait(lambda: _get(curl + "/health")["status"] == "ok", "the controller")
-        nm = _spawn(["node-manager", "-c", str(cfile), "--node", "n1", "--port", str(mport)],
-                    tmp_path / "node-manager.log")
+        _wait(lambda: _get(curl + "/health")["status"] == "ok", "the controller", 90)
         _wait(lambda: sorted(i["id"] for i in _get(curl + "/v1/instances")["instances"]
-                             if i["state"] == "ready") == IDS, "both instances ready")
+                             if i["state"] == "ready") == IDS, "both instances ready", 90)
+        _wait(lambda: bool(_get(f"http://127.0.0.1:{gw}/v1/models")["data"]),
+              "the coordinator serving", 60)
 
-        load = Load([base, base + 1])
+        load = Load([gw])
         opts = webdriver.ChromeOptions()
         opts.binary_location = CHROMIUM
         for flag in FLAGS:
@@ -240,8 +242,6 @@ def test_the_page_follows_an_engine_killed_and_restarted_without_a_reload(tmp_pa
             load.close()
         if driver is not None:
             driver.quit()
-        if nm is not None:
-            _stop(nm)
-        _stop(ctrl)
-    assert nm is not None and nm.returncode == 0, (tmp_path / "node-manager.log").read_text()[-3000:]
-    assert ctrl.returncode == 0
+        _stop(up, 30)
+    assert up.returncode == 0, (tmp_path / "up.log").read_text()[-3000:]
+    assert load is not None and load.sent > 0
