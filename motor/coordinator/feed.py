@@ -520,11 +520,16 @@ async def _management(feed: Feed, host: str, port: int) -> Any:
     async def metrics(req: Any, resp: Any) -> None:
         resp.send(200, render_metrics(), content_type=CONTENT_TYPE)
 
+    async def cluster(req: Any, resp: Any) -> None:
+        from motor.coordinator import page
+        resp.send(200, page.PAGE_BYTES, content_type=page.CONTENT_TYPE)
+
     r.get("/liveness")(probes.health)
     r.get("/health")(probes.health)
     r.get("/readiness")(readiness)
     r.get("/instances")(instances)
     r.get("/metrics")(metrics)
+    r.get("/cluster")(cluster)
     server = HttpServer(r)
     await server.listen(host, port)
     return server

@@ -98,6 +98,7 @@ class Coordinator:
         r.get("/readiness")(self._on_readiness)
         r.get("/metrics")(self._on_metrics)
         r.get("/instances")(self._on_instances)
+        r.get("/cluster")(self._on_page)
         for method, route_path, handler in self.path.routes():
             r.add(method, route_path, handler)
 
@@ -144,6 +145,11 @@ class Coordinator:
     async def _on_metrics(self, req: Request, resp: Response) -> None:
         resp.send(200, render_metrics(),
                   content_type=b"text/plain; version=0.0.4; charset=utf-8")
+
+    async def _on_page(self, req: Request, resp: Response) -> None:
+        """``GET /cluster``: this coordinator's view (:mod:`motor.coordinator.page`)."""
+        from motor.coordinator import page
+        resp.send(200, page.PAGE_BYTES, content_type=page.CONTENT_TYPE)
 
     async def _on_instances(self, req: Request, resp: Response) -> None:
         """The endpoints with their load; ``kv_blocks``: (tier, block) holdings of the

@@ -237,6 +237,21 @@ def test_the_page_follows_an_engine_killed_and_restarted_without_a_reload(tmp_pa
               "three points of the request-rate sparkline", 20)
         driver.save_screenshot(str(shots / "cluster-page.png"))
         assert (shots / "cluster-page.png").stat().st_size > 10_000
+
+        # the coordinator's view: both endpoints routable, the table version it applied
+        driver.get(f"http://127.0.0.1:{gw}/cluster")
+
+        def coordinator_routes_both():
+            got = driver.execute_script("""
+                const out = {};
+                for (const tr of document.querySelectorAll("tr[data-endpoint]"))
+                  out[tr.dataset.endpoint] = tr.dataset.routable;
+                return out;""")
+            return got == {f"{i}#0": "true" for i in IDS} or f"rows {got}"
+        _wait(coordinator_routes_both, "the coordinator's page routing to both endpoints")
+        assert driver.execute_script("return document.body.dataset.version") == str(
+            _get(f"http://127.0.0.1:{gw}/instances")["version"])
+        driver.save_screenshot(str(shots / "coordinator-page.png"))
     finally:
         if load is not None:
             load.close()
