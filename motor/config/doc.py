@@ -39,6 +39,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("nodes[].engines[]", schema.EngineConfig),
     ("nodes[].engines[].restart", schema.RestartConfig),
     ("nodes[].engines[].virtual_inference", schema.VirtualInferenceConfig),
+    ("nodes[].engines[].tls", schema.EngineTlsConfig),
 ]
 
 

@@ -426,7 +426,8 @@ class TlsServerConfig(_Strict):
 
 
 class TlsClientConfig(_Strict):
-    """HTTPS to engines (backends given as `https://`, docs/security.md)."""
+    """HTTPS to engines: backends given as `https://`, and engines registered as `https`
+    (`engines[].tls`) (docs/security.md)."""
     ca_file: str | None = Field(None, description="PEM CA bundle; null = the system's CAs")
     verify: bool = Field(True, description="check the engine's certificate and host name")
     cert_file: str | None = Field(None, description="client certificate (engines that ask "
@@ -618,6 +619,56 @@ class VirtualInferenceConfig(_Strict):
     prompt: str = Field("1", min_length=1, description="prompt of the 1-token completion")
 
 
+#: the engines' TLS flags: motor sets them from ``engines[].tls``, refused in ``engine_config``
+#: (an engine serving HTTPS that motor does not know of would be probed and routed as plain
+#: HTTP). vLLM: ``--ssl-keyfile``, ``--ssl-certfile``, ``--ssl-ca-certs``, ``--ssl-cert-reqs``
+#: (vllm-project/vllm ``vllm/entrypoints/openai/cli_args.py``; in vLLM 0.32.0
+#: ``vllm/entrypoints/launchers/cli_args.py``, ``FrontendArgs``); SGLang: ``--ssl-keyfile``,
+#: ``--ssl-certfile``, ``--ssl-ca-certs`` (sgl-project/sglang
+#: ``python/sglang/srt/server_args.py``, section "SSL/TLS"); motor sim: the vLLM names.
+TLS_FLAGS = ("ssl-keyfile", "ssl-certfile", "ssl-ca-certs", "ssl-cert-reqs")
+
+
+class EngineTlsConfig(_Strict):
+    """HTTPS on the API ports of an engine group (docs/security.md, "HTTPS to engines"): the
+    node manager starts the engines with these files, probes them over HTTPS and registers
+    their endpoints as ``https``; the coordinator reaches them with `coordinator.upstream_tls`."""
+    cert_file: str = Field(..., min_length=1,
+                           description="PEM certificate chain, leaf first, the engines serve "
+                                       "(vLLM / SGLang / sim `--ssl-certfile`); it must name "
+                                       "the engines' `host` (what the coordinator and the node "
+                                       "manager connect to and check)")
+    key_file: str = Field(..., min_length=1,
+                          description="its PEM private key (`--ssl-keyfile`), not encrypted "
+                                      "(vLLM has no password flag)")
+    ca_file: str | None = Field(
+        None, description="PEM CA bundle the node manager's probes (health, virtual inference, "
+                          "/metrics) check the engines' certificate against, with the host "
+                          "name; null = the system's CAs. The coordinator checks against "
+                          "`coordinator.upstream_tls.ca_file`")
+    client_ca_file: str | None = Field(
+        None, description="mTLS: the engines refuse a client without a certificate this CA "
+                          "signed (vLLM / sim `--ssl-ca-certs` with `--ssl-cert-reqs 2`; not "
+                          "SGLang, which has no flag to require one); the coordinator then "
+                          "presents `coordinator.upstream_tls.cert_file`, the node manager "
+                          "`client_cert_file`. null = no client certificate asked")
+    client_cert_file: str | None = Field(
+        None, description="with `client_ca_file`: the PEM certificate chain the node "
+                          "manager's probes present")
+    client_key_file: str | None = Field(
+        None, description="its PEM private key; null = in `client_cert_file`")
+
+    @model_validator(mode="after")
+    def _client_certificate(self) -> EngineTlsConfig:
+        if self.client_ca_file and not self.client_cert_file:
+            raise ValueError("client_cert_file: expected the certificate the node manager's "
+                             "probes present to engines that ask for one (client_ca_file is "
+                             "set), got none")
+        if self.client_key_file and not self.client_cert_file:
+            raise ValueError("client_key_file: expected client_cert_file with it, got none")
+        return self
+
+
 #: engine flags motor sets on an instance that spans nodes (``span``), refused in its
 #: ``engine_config``: vLLM's multi-node data parallel and SGLang's multi-node launch flags
 SPAN_FLAGS = ("data-parallel-size-local", "data-parallel-start-rank", "data-parallel-address",
@@ -697,6 +748,9 @@ class EngineConfig(_Strict):
     stop_timeout_s: float = Field(10.0, gt=0, description="SIGTERM -> this long -> SIGKILL of the group")
     restart: RestartConfig = Field(default_factory=RestartConfig)
     virtual_inference: VirtualInferenceConfig = Field(default_factory=VirtualInferenceConfig)
+    tls: EngineTlsConfig | None = Field(
+        None, description="HTTPS on the engines' API ports (`vllm`, `sglang`, `sim`); null = "
+                          "plain HTTP")
     span: SpanConfig | None = Field(
         None, description="the instance spans nodes (DP master + headless nodes); `count` 1, "
                           "`dp_size` = len(span.nodes) x span.dp_size_local, `devices` and "
@@ -727,6 +781,26 @@ class EngineConfig(_Strict):
                 raise ValueError(f"engine_config.{raw}: expected a flag motor does not set "
                                  f"itself (it sets --{flag_key(raw)} of an instance spanning "
                                  f"nodes from span), got it set")
+        return self
+
+    @model_validator(mode="after")
+    def _tls_fits_engine(self) -> EngineConfig:
+        for raw in self.engine_config:
+            if flag_key(raw) in TLS_FLAGS:
+                raise ValueError(f"engine_config.{raw}: expected a flag motor does not set "
+                                 f"itself (it sets --{flag_key(raw)} from tls, so that the "
+                                 f"engines are probed and routed over HTTPS), got it set")
+        t = self.tls
+        if t is None:
+            return self
+        if self.kind is EngineKind.SGLANG and t.client_ca_file:
+            raise ValueError("tls.client_ca_file: expected none for an sglang engine (SGLang "
+                             "loads --ssl-ca-certs but has no flag to require a client "
+                             f"certificate), got {t.client_ca_file!r}")
+        if self.host in ("0.0.0.0", "::"):
+            raise ValueError(f"host: expected the address the engines' certificate names with "
+                             f"tls (the coordinator connects to it and checks the name), got "
+                             f"the wildcard {self.host!r}")
         return self
 
     @property
@@ -936,7 +1010,19 @@ class ClusterConfig(_Strict):
         self._check_devices()
         self._check_pd_peers()
         self._check_spans()
+        self._check_engine_tls()
         return self
+
+    def _check_engine_tls(self) -> None:
+        """An engine group asking for client certificates (``tls.client_ca_file``) needs one
+        the coordinator presents."""
+        if self.coordinator.upstream_tls.cert_file:
+            return
+        for at, e in self.engine_groups():
+            if e.tls is not None and e.tls.client_ca_file:
+                raise ValueError(f"coordinator.upstream_tls.cert_file: expected the client "
+                                 f"certificate the coordinator presents to the engines of "
+                                 f"{at} (their tls.client_ca_file asks for one), got none")
 
     def _check_spans(self) -> None:
         """Every node an instance spans declares its engine group, alike (see

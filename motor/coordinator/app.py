@@ -48,7 +48,9 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     """
     c = cfg.coordinator
     https = [b for b in backends or () if is_https(b)]
-    server_tls, cert_reloader, upstream_tls = tls_contexts(c, bool(https))
+    # following a controller: any engine may register as https (engines[].tls), so the
+    # engines' context (coordinator.upstream_tls; the system's CAs by default) is always made
+    server_tls, cert_reloader, upstream_tls = tls_contexts(c, bool(https) or not backends)
     if upstream_tls is not None and not c.upstream_tls.verify:
         logger.warning("coordinator.upstream_tls.verify is false: engines' certificates are "
                        "not checked")
@@ -155,4 +157,5 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
         link.load.close()
     if rate_table is not None:
         rate_table.close()
+    table.close()
     client.close()

@@ -19,11 +19,21 @@ an endpoint routes while its instance is ready *and* its breaker lets it, so a d
 engine stops receiving requests before the control plane has noticed. Requests that
 wait for the first byte of an answer from an endpoint that leaves the routable set
 (removed, not ready) are evicted and re-dispatched elsewhere (:meth:`EndpointState.evict_waiting`).
+
+HTTPS endpoints (``Endpoint.scheme`` ``https``: an engine group with ``tls``, or a standalone
+``https://`` backend) are reached with the client's TLS context (``coordinator.upstream_tls``;
+:meth:`motor.http.client.Client.use_tls` before the pool is first used), never over plain
+HTTP. In controller mode such an endpoint routes only once a TLS handshake to it verified
+(:meth:`EndpointTable._verify_tls`: ``GET /health``, any status): until then, and while the
+engine's certificate does not verify, it is not ready (a request gets 503, not a retry loop
+of failed handshakes) and the log says why. It is verified again each time its instance
+comes back to ``ready``. A scheme this coordinator does not know is not routed.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
@@ -37,9 +47,16 @@ from motor.coordinator.breaker import CLOSED, HALF_OPEN, Breaker
 from motor.coordinator.controller_poll import controller_client, follow_controller
 from motor.coordinator.loadtable import LoadCell
 from motor.http.client import Client, Pool
-from motor.protocol.instances import InstanceState, InstanceTable
+from motor.protocol.instances import (KNOWN_SCHEMES, Endpoint, Instance, InstanceState,
+                                      InstanceTable)
 
 logger = logging.getLogger(__name__)
+
+#: an HTTPS endpoint not verified yet (its certificate failed, or it did not answer) is
+#: checked again after this many seconds
+TLS_CHECK_RETRY_S = 2.0
+#: the TLS check's ``GET /health`` must answer within this many seconds
+TLS_CHECK_TIMEOUT_S = 5.0
 
 
 class EndpointState:
@@ -49,12 +66,13 @@ class EndpointState:
                  "dp_rank", "url", "ready", "breaker", "inflight",
                  "inflight_tokens", "inflight_prefill_tokens", "inflight_decode_tokens", "pool",
                  "kv_events", "bootstrap_port", "waiting", "_gauge", "shared", "max_model_len",
-                 "learned", "timing")
+                 "learned", "timing", "scheme", "https", "tls_ok", "tls_error",
+                 "instance_ready", "tls_check")
 
     def __init__(self, instance_id: str, model: str | None, role: Role, host: str, port: int,
                  dp_rank: int, pool: Pool, engine: EngineKind | None = None,
                  kv_events: str | None = None, bootstrap_port: int | None = None,
-                 breaker: BreakerConfig | None = None) -> None:
+                 breaker: BreakerConfig | None = None, scheme: str = "http") -> None:
         self.instance_id = instance_id
         self.key = f"{instance_id}#{dp_rank}"
         self.model = model
@@ -66,8 +84,18 @@ class EndpointState:
         self.host = host
         self.port = port
         self.dp_rank = dp_rank
-        self.url = f"http://{host}:{port}"
+        #: ``http`` or ``https`` (the pool's connections are TLS then)
+        self.scheme = scheme
+        self.https = scheme == "https"
+        self.url = f"{scheme}://{host}:{port}"
         self.ready = False
+        #: controller mode: whether the instance is ``ready`` in the table; the endpoint is
+        #: ``ready`` when it is and (HTTPS) a handshake verified (``tls_ok``)
+        self.instance_ready = False
+        self.tls_ok = not self.https
+        #: why an HTTPS endpoint is not verified (its last check's failure), None otherwise
+        self.tls_error: str | None = None
+        self.tls_check: asyncio.Task[None] | None = None
         self.inflight = 0
         self.inflight_tokens = 0
         # uncached prompt tokens (as the policy estimated) of the requests still in their
@@ -265,6 +293,8 @@ class EndpointTable:
         self.breaker_cfg = BreakerConfig()
         #: model names known to be LoRA adapters (shared with the KV router's request key)
         self.adapters: set[str] = set()
+        #: endpoint keys whose scheme is unknown (logged once each)
+        self._unknown_schemes: set[str] = set()
 
     def configure_breakers(self, cfg: BreakerConfig) -> None:
         """Breaker settings for every endpoint, present and future."""
@@ -340,10 +370,12 @@ class EndpointTable:
         """
         kv_events = kv_events or {}
         for i, (role, host, port) in enumerate(specs):
+            scheme = "https" if self.client.speaks_tls(host, port) else "http"
             ep = EndpointState(f"backend-{i}", None, role, host, port, 0,
                                self.client.pool(host, port),
-                               kv_events=kv_events.get(f"http://{host}:{port}"),
-                               breaker=self.breaker_cfg)
+                               kv_events=kv_events.get(f"http://{host}:{port}")
+                               or kv_events.get(f"{scheme}://{host}:{port}"),
+                               breaker=self.breaker_cfg, scheme=scheme)
             ep.ready = True
             self.endpoints[ep.key] = ep
         self._rebuild()
@@ -365,6 +397,9 @@ class EndpointTable:
         instance stays on /metrics), and the instance's latency histograms with its last
         endpoint."""
         ep.evict_waiting(why)
+        if ep.tls_check is not None:
+            ep.tls_check.cancel()
+            ep.tls_check = None
         if not any(e.host == ep.host and e.port == ep.port for e in self.endpoints.values()):
             self.client.discard(ep.host, ep.port)
         for metric in (metrics.INFLIGHT, metrics.BREAKER_STATE):
@@ -384,17 +419,21 @@ class EndpointTable:
                 continue
             for ep_spec in inst.endpoints:
                 key = f"{inst.id}#{ep_spec.dp_rank}"
+                if ep_spec.scheme not in KNOWN_SCHEMES:
+                    if key not in self._unknown_schemes:
+                        self._unknown_schemes.add(key)
+                        logger.error("endpoint %s (%s) not routed: scheme %r is not one of "
+                                     "%s", key, ep_spec.url, ep_spec.scheme,
+                                     sorted(KNOWN_SCHEMES))
+                    continue
                 seen.add(key)
                 ep = self.endpoints.get(key)
                 if ep is None or ep.host != ep_spec.host or ep.port != ep_spec.port \
-                        or ep.role != inst.role:
+                        or ep.role != inst.role or ep.scheme != ep_spec.scheme:
                     if ep is not None:  # moved or changed role: the old one goes first
                         del self.endpoints[key]
                         self._retire(ep, "instance moved")
-                    ep = EndpointState(inst.id, inst.model, inst.role, ep_spec.host, ep_spec.port,
-                                       ep_spec.dp_rank, self.client.pool(ep_spec.host, ep_spec.port),
-                                       inst.engine, inst.kv_events, inst.bootstrap_port,
-                                       self.breaker_cfg)
+                    ep = self._new_endpoint(inst, ep_spec)
                     self.endpoints[key] = ep
                     logger.info("endpoint %s added: %s %s model=%s", key, inst.role.value,
                                 ep.url, inst.model)
@@ -403,10 +442,17 @@ class EndpointTable:
                                 ep.model)
                     ep.model = inst.model
                     ep.set_learned(ep.learned)
-                ready = inst.state == InstanceState.READY
+                ep.instance_ready = inst.state == InstanceState.READY
+                if ep.https and not ep.instance_ready:
+                    ep.tls_ok = False     # verified again when the instance comes back
+                elif ep.instance_ready and not ep.tls_ok:
+                    self._start_tls_check(ep)
+                ready = ep.instance_ready and ep.tls_ok
                 if ready != ep.ready:
-                    logger.info("endpoint %s %s (instance %s)", key,
-                                "ready" if ready else "not routable", inst.state.value)
+                    logger.info("endpoint %s %s (instance %s%s)", key,
+                                "ready" if ready else "not routable", inst.state.value,
+                                "" if ready or not ep.instance_ready else
+                                ", TLS not verified yet")
                     ep.ready = ready
                     if ready:
                         ep.breaker.reset()
@@ -416,9 +462,83 @@ class EndpointTable:
             ep = self.endpoints.pop(key)
             logger.info("endpoint %s removed", key)
             self._retire(ep, "instance removed")
+        self._unknown_schemes &= {f"{i.id}#{e.dp_rank}" for i in table.instances
+                                  for e in i.endpoints}
         self.version = table.version
         metrics.TABLE_VERSION.set(table.version)
         self._rebuild()
+
+
+    def _new_endpoint(self, inst: Instance, spec: Endpoint) -> EndpointState:
+        """The state of endpoint ``spec`` of instance ``inst``; its pool speaks the spec's
+        scheme (HTTPS with the client's context: ``coordinator.upstream_tls``)."""
+        tls_error = None
+        try:
+            self.client.use_tls(spec.host, spec.port, spec.https)
+        except ValueError as e:       # no TLS context: never routed, never plain HTTP
+            tls_error = f"{e} (coordinator.upstream_tls)"
+            logger.error("endpoint %s#%d (%s) not routable: %s", inst.id, spec.dp_rank,
+                         spec.url, tls_error)
+        ep = EndpointState(inst.id, inst.model, inst.role, spec.host, spec.port, spec.dp_rank,
+                           self.client.pool(spec.host, spec.port), inst.engine,
+                           inst.kv_events, inst.bootstrap_port, self.breaker_cfg,
+                           scheme=spec.scheme)
+        ep.tls_error = tls_error
+        return ep
+
+    def _start_tls_check(self, ep: EndpointState) -> None:
+        if ep.tls_check is None or ep.tls_check.done():
+            if ep.tls_error is not None and not self.client.speaks_tls(ep.host, ep.port):
+                return     # no TLS context at all: nothing to check, never routed
+            ep.tls_check = asyncio.ensure_future(self._verify_tls(ep))
+
+    async def _verify_tls(self, ep: EndpointState) -> None:
+        """Until a TLS handshake to ``ep`` verifies (``GET /health`` answered, whatever its
+        status), every :data:`TLS_CHECK_RETRY_S`; then ``ep`` is ready while its instance
+        is. A failure is logged once per distinct reason (an error for a certificate that
+        does not verify)."""
+        logged: str | None = None
+        while self.endpoints.get(ep.key) is ep and ep.instance_ready and not ep.tls_ok:
+            try:
+                await self.client.get_json_bytes(ep.host, ep.port, "/health",
+                                                 TLS_CHECK_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
+            except ssl.SSLError as e:
+                why = f"its TLS handshake failed: {tls_reason(e)}"
+                bad = True
+            except Exception as e:  # noqa: BLE001 - refused, reset, timeout: not up yet
+                why = f"no answer to the TLS check: {type(e).__name__}: {e}"
+                bad = False
+            else:
+                ep.tls_ok, ep.tls_error = True, None
+                logger.info("endpoint %s (%s): TLS verified", ep.key, ep.url)
+                if ep.instance_ready and self.endpoints.get(ep.key) is ep:
+                    self.set_ready(ep, True, "TLS verified")
+                return
+            ep.tls_error = why
+            if why != logged:
+                logged = why
+                (logger.error if bad else logger.warning)(
+                    "endpoint %s (%s) not routable: %s (checked against "
+                    "coordinator.upstream_tls; again in %g s)", ep.key, ep.url, why,
+                    TLS_CHECK_RETRY_S)
+            await asyncio.sleep(TLS_CHECK_RETRY_S)
+
+    def close(self) -> None:
+        """Stop the TLS checks still running."""
+        for ep in self.endpoints.values():
+            if ep.tls_check is not None:
+                ep.tls_check.cancel()
+                ep.tls_check = None
+
+
+def tls_reason(e: ssl.SSLError) -> str:
+    """What an :class:`ssl.SSLError` says, shortest form first: the verification message of a
+    certificate that did not verify, else OpenSSL's reason."""
+    if isinstance(e, ssl.SSLCertVerificationError) and e.verify_message:
+        return f"certificate verify failed: {e.verify_message}"
+    return str(e.reason or e)
 
 
 #: instance states whose endpoints the coordinator drops (pools, slots, KV holdings)
@@ -513,7 +633,12 @@ class ModelReader:
             self._first.pop(ep.key, None)
 
     async def read(self, ep: Any) -> None:
-        """Read ``ep``'s models once (nothing happens when that fails: the last ones stay)."""
+        """Read ``ep``'s models once (nothing happens when that fails: the last ones stay);
+        HTTPS when ``ep.https``."""
+        try:
+            self.client.use_tls(ep.host, ep.port, bool(getattr(ep, "https", False)))
+        except ValueError:
+            return      # HTTPS without a TLS context: never read over plain HTTP
         m = await read_models(self.client, ep.host, ep.port, self.timeout_s)
         if m is not None:
             self._read[ep.key] = (ep.host, ep.port)
@@ -553,7 +678,11 @@ class ControllerWatcher:
         self.table = table
         self.poll_timeout_s = poll_timeout_s
         self.synced = asyncio.Event()
-        self.models = ModelReader(self.client, lambda: self.table.endpoints.values(),
+        # the engines' /v1/models: the engines' TLS context (coordinator.upstream_tls), not
+        # the control plane's
+        self.engine_client = Client(max_connections_per_endpoint=2,
+                                    connect_timeout_s=models_timeout_s, tls=table.client.tls)
+        self.models = ModelReader(self.engine_client, lambda: self.table.endpoints.values(),
                                   self._learned, models_interval_s, models_timeout_s)
 
     async def run(self) -> None:
@@ -573,6 +702,8 @@ class ControllerWatcher:
 
     def close(self) -> None:
         self.models.close()
+        self.table.close()
+        self.engine_client.close()
         self.client.close()
 
 
@@ -585,8 +716,13 @@ class StaticBackends:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.failures = failures
-        # a separate pool: health probes never queue behind proxied requests (case B26)
-        self.client = Client(max_connections_per_endpoint=2, connect_timeout_s=timeout_s)
+        # a separate pool: health probes never queue behind proxied requests (case B26);
+        # HTTPS backends are probed over HTTPS (the table's client context)
+        self.client = Client(max_connections_per_endpoint=2, connect_timeout_s=timeout_s,
+                             tls=table.client.tls)
+        for ep in table.endpoints.values():
+            if ep.https:
+                self.client.use_tls(ep.host, ep.port)
         self._fails: dict[str, int] = {}
         self.synced = asyncio.Event()  # set after the first probe round
 

@@ -24,6 +24,11 @@ so that every worker routes adapters loaded at run time and bounds failover cont
 as a one-process coordinator does. (Standalone workers read their backends' lists
 themselves, with their health probes.)
 
+HTTPS endpoints (``Endpoint.scheme`` ``https``, ``https://`` backends): the scrape and the
+model reads speak TLS to them with ``coordinator.upstream_tls``'s context; each worker
+verifies a handshake itself before it routes there (:class:`~motor.coordinator.endpoints.
+EndpointTable`).
+
 Engine figures: every ``coordinator.feed.scrape_interval_s`` the feed reads each ready
 endpoint's ``/metrics`` (:func:`motor.protocol.engine_metrics.parse_engine_metrics`:
 waiting and running requests, KV cache usage of vLLM and SGLang) into the load table's
@@ -258,6 +263,7 @@ class Feed:
         self.adapters: set[str] = set()
         self.model_reader: Any = None
         self._table_scheduled = False
+        self._engine_tls: Any = None
 
     # -- slots --------------------------------------------------------------------
     def set_endpoints(self, eps: dict[str, SimpleNamespace]) -> None:
@@ -412,16 +418,27 @@ class Feed:
                 key = f"{inst.id}#{spec.dp_rank}"
                 eps[key] = SimpleNamespace(
                     key=key, kv_events=inst.kv_events, dp_rank=spec.dp_rank,
-                    host=spec.host, port=spec.port,
+                    host=spec.host, port=spec.port, https=spec.https, scheme=spec.scheme,
                     ready=inst.state == InstanceState.READY)
         self.set_endpoints(eps)
         if self.model_reader is not None:
             self.model_reader.added()
 
+    def engine_tls(self) -> Any:
+        """The engines' client context (``coordinator.upstream_tls``), made once; the
+        scrape and the model reads speak HTTPS with it to endpoints marked ``https``."""
+        if self._engine_tls is None:
+            from motor.http.tls import client_context
+            u = self.cfg.coordinator.upstream_tls
+            self._engine_tls = client_context(u.ca_file, u.verify, u.cert_file, u.key_file,
+                                              u.key_password_file)
+        return self._engine_tls
+
     async def scrape(self) -> None:
         from motor.http.client import Client
         interval = self.cfg.coordinator.feed.scrape_interval_s
-        client = Client(max_connections_per_endpoint=1, connect_timeout_s=1.0)
+        client = Client(max_connections_per_endpoint=1, connect_timeout_s=1.0,
+                        tls=self.engine_tls())
         try:
             while True:
                 await asyncio.sleep(interval)
@@ -432,6 +449,7 @@ class Feed:
 
     async def _scrape_one(self, client: Any, key: str, ep: SimpleNamespace) -> None:
         try:
+            client.use_tls(ep.host, ep.port, getattr(ep, "https", False))
             status, body = await client.get_json_bytes(ep.host, ep.port, "/metrics", 2.0)
         except asyncio.CancelledError:
             raise
@@ -452,13 +470,16 @@ class Feed:
         if self.static_keys is not None:
             self.set_endpoints({k: SimpleNamespace(key=k, kv_events=ev, dp_rank=0,
                                                    host=url.split("//")[1].rsplit(":", 1)[0],
-                                                   port=int(url.rsplit(":", 1)[1]))
+                                                   port=int(url.rsplit(":", 1)[1]),
+                                                   https=url.startswith("https://"),
+                                                   scheme=url.split(":", 1)[0])
                                 for k, ev, url in self.static_keys})
         else:
             from motor.coordinator.endpoints import ModelReader
             from motor.http.client import Client
             models_client = Client(max_connections_per_endpoint=1,
-                                   connect_timeout_s=c.health_check_timeout_s)
+                                   connect_timeout_s=c.health_check_timeout_s,
+                                   tls=self.engine_tls())
             self.model_reader = ModelReader(models_client, lambda: self.endpoints.values(),
                                             self.on_models, c.health_check_interval_s,
                                             c.health_check_timeout_s)
@@ -491,7 +512,8 @@ class Feed:
                         "instance": key.rpartition("#")[0],
                         "kv_blocks": None if self.kv_feed is None else
                         sum(len(held.get((slot, t), ())) for t in range(3)),
-                        "url": None if e is None else f"http://{e.host}:{e.port}",
+                        "url": None if e is None else
+                        f"{getattr(e, 'scheme', 'http')}://{e.host}:{e.port}",
                         "ready": None if e is None else getattr(e, "ready", True),
                         "inflight": n, "inflight_tokens": tok, "inflight_prefill_tokens": pre,
                         "inflight_decode_tokens": dec,

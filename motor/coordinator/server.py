@@ -171,7 +171,7 @@ class Coordinator:
         out = [{"key": e.key, "instance": e.instance_id, "role": e.role.value, "url": e.url,
                 "models": sorted(e.models), "ready": e.ready, "routable": e.routable(now),
                 "inflight": e.inflight, "inflight_tokens": e.inflight_tokens,
-                "kv_blocks": kv_blocks(e.key)}
+                "kv_blocks": kv_blocks(e.key), "tls_error": e.tls_error}
                for e in self.table.endpoints.values()]
         resp.send(200, orjson.dumps({"version": self.table.version, "worker_pid": os.getpid(),
                                      "endpoints": out}))

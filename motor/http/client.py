@@ -464,17 +464,30 @@ class Client:
         self.max_idle = max_idle_per_endpoint
         self._tls_endpoints: set[tuple[str, int]] = set()
 
-    def use_tls(self, host: str, port: int) -> None:
-        """Speak HTTPS to ``host:port`` (before its pool is first used).
+    def use_tls(self, host: str, port: int, on: bool = True) -> None:
+        """Speak HTTPS to ``host:port`` (``on=False``: plain HTTP again). Call it before the
+        pool is first used; a pool already open with the other scheme is closed (an engine
+        restarted with or without TLS on the same port).
 
         Raises
         ------
         ValueError
-            when the client has no TLS context.
+            HTTPS asked of a client without a TLS context.
         """
-        if self.tls is None:
-            raise ValueError(f"HTTPS to {host}:{port} needs a TLS client context")
-        self._tls_endpoints.add((host, port))
+        key = (host, port)
+        if on == (key in self._tls_endpoints):
+            return
+        if on:
+            if self.tls is None:
+                raise ValueError(f"HTTPS to {host}:{port} needs a TLS client context")
+            self._tls_endpoints.add(key)
+        else:
+            self._tls_endpoints.discard(key)
+        self.discard(host, port)
+
+    def speaks_tls(self, host: str, port: int) -> bool:
+        """Whether ``host:port`` is reached over HTTPS (:meth:`use_tls`)."""
+        return (host, port) in self._tls_endpoints
 
     def pool(self, host: str, port: int) -> Pool:
         key = (host, port)

@@ -819,8 +819,9 @@ class NodeAgent:
             if p.pid is None or ep is None:
                 continue
             try:
-                status, raw = await self.client.get_json_bytes(ep.host, ep.port, "/metrics",
-                                                               METRICS_TIMEOUT_S)
+                # the process's own client: HTTPS to an engine with tls
+                status, raw = await p.client.get_json_bytes(ep.host, ep.port, "/metrics",
+                                                            METRICS_TIMEOUT_S)
             except Exception:
                 unread.add(p.name)
                 continue

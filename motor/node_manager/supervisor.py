@@ -40,6 +40,12 @@ every node's part together, and the node manager starts it again with ``start(fr
 A headless part (``ProcessSpec.endpoint`` None: no API port) has no port check and no health
 probe: it is ``ready`` while it runs.
 
+HTTPS (``engines[].tls``, an endpoint with scheme ``https``): every probe of the engine
+(``/health``, virtual inference, the drain's ``/metrics``) is TLS, the engine's certificate
+checked against ``tls.ca_file`` (else the system's CAs) and the endpoint's host name, with
+``tls.client_cert_file`` presented when set (:func:`probe_client`); a certificate that does
+not verify is a failed probe (the engine never turns healthy, the reason says why).
+
 Health: a :class:`~motor.node_manager.health.HealthProbe` per process start; for DP rank 0 of
 an engine with virtual inference on, a :class:`~motor.node_manager.health.VirtualInference`
 starts at the first healthy ``/health``. The process is ``ready`` while ``/health`` is healthy
@@ -64,7 +70,7 @@ from collections.abc import Callable
 from motor.aio import cancel_and_wait
 from motor.config.schema import EngineConfig, RestartPolicy
 from motor.http import Client
-from motor.node_manager.engines import ProcessSpec, full_env
+from motor.node_manager.engines import ProcessSpec, full_env, probe_tls_context
 from motor.node_manager.health import AicoreFn, HealthProbe, VirtualInference
 from motor.node_manager.npu import NpuMonitor, visible_devices
 from motor.procs import (backoff_delay, describe_exit, die_with_parent, group_alive,
@@ -202,6 +208,29 @@ def rotate_log(path: str, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BAC
     return True
 
 
+def probe_client(spec: ProcessSpec, engine: EngineConfig, shared: Client) -> Client:
+    """The client that probes ``spec``'s engine: ``shared`` (plain HTTP) unless its endpoint
+    is HTTPS; then one of its own with the group's probe context
+    (:func:`~motor.node_manager.engines.probe_tls_context`), HTTPS to that endpoint.
+
+    Raises
+    ------
+    ConfigError
+        a file of ``engine.tls`` that is missing or does not load (:func:`plan_node` checked
+        them already).
+    """
+    ep = spec.endpoint
+    if ep is None or not ep.https:
+        return shared
+    ctx = probe_tls_context(engine, f"engines[{engine.name}]")
+    if ctx is None:
+        raise ValueError(f"endpoint {ep.url} of {spec.name}: expected engines[{engine.name}]"
+                         f".tls for an https endpoint, got none")
+    own = Client(connect_timeout_s=shared.connect_timeout_s, tls=ctx)
+    own.use_tls(ep.host, ep.port)
+    return own
+
+
 class EngineProcess:
     """Supervises one engine process (start, health, restart policy, stop).
 
@@ -248,7 +277,9 @@ class EngineProcess:
         self.ever_healthy = False
         self.instance = instance or spec.env.get("MOTOR_INSTANCE_ID") or spec.name
         self.engine = engine
-        self.client = client
+        #: what probes the engine (health, virtual inference, /metrics): ``client``, or over
+        #: HTTPS a client of its own (:func:`probe_client`)
+        self.client = probe_client(spec, engine, client)
         self.on_change = on_change
         self.log_path = os.path.join(log_dir, f"{spec.name}.log")
         self.log_max_bytes = log_max_bytes

@@ -31,6 +31,12 @@ Added for issue 16 (instances spanning nodes, :mod:`motor.controller.assembly`):
 heartbeat ``"parts": [`` :class:`PartOrder` ``]`` (what each part runs now); a node manager
 without parts sends none, and one that reads no ``parts`` in an answer starts none.
 
+Added for issue 17 (HTTPS to engines): ``Endpoint.scheme`` (``http``, the default, or
+``https``). An old node manager sends none (plain HTTP, as before); an old coordinator ignores
+it and would speak plain HTTP to an HTTPS engine, so coordinators are upgraded before engines
+get ``tls``. A coordinator routes no endpoint with a scheme it does not know (kept visible in
+the table, logged), rather than guessing.
+
 Heartbeat semantics: ``health[id] = true`` -> ``ready``; ``false`` -> ``unhealthy`` for a
 ``ready`` instance while a ``starting`` one stays ``starting`` (the engine is still coming
 up) unless the id is also in ``failed`` (the node manager gave up on it).
@@ -69,15 +75,28 @@ MAX_PORT = 65535
 MAX_RANKS = 65536  #: data- / tensor-parallel sizes (the config allows 256)
 
 
+#: the schemes a coordinator speaks to an endpoint (:attr:`Endpoint.scheme`)
+KNOWN_SCHEMES = frozenset({"http", "https"})
+
+
 class Endpoint(_Wire):
     """One HTTP endpoint of an instance: one per DP rank where the engine runs per rank."""
     host: str = Field(min_length=1)
     port: int = Field(ge=1, le=MAX_PORT)
     dp_rank: int = Field(0, ge=0, lt=MAX_RANKS)
+    #: a string, not an enum: a scheme a later version adds must not make a whole table
+    #: unreadable; one outside :data:`KNOWN_SCHEMES` is not routed
+    scheme: str = Field("http", min_length=1, max_length=16, pattern=r"^[a-z][a-z0-9+.-]*$",
+                        description="what the engine speaks on the port: http, or https "
+                                    "(config engines[].tls)")
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+    @property
+    def https(self) -> bool:
+        return self.scheme == "https"
 
 
 class KvTransfer(_Wire):

@@ -19,7 +19,7 @@ from motor.cli import (add_host_option, add_port_option, bounded, integer, non_n
                        probability)
 from motor.sim.engine import EngineConfig
 from motor.sim.faults import MODES, Faults
-from motor.sim.options import PdOptions, SimOptions
+from motor.sim.options import PdOptions, SimOptions, TlsOptions
 from motor.sim.tokenizer import DEFAULT_MODEL_DIR
 
 logger = logging.getLogger("motor.sim")
@@ -59,6 +59,8 @@ def _json_object_text(text: str) -> str:
 
 
 _http_status = bounded(int, lambda i: 100 <= i <= 599, "an HTTP status 100..599")
+_cert_reqs = bounded(int, lambda i: 0 <= i <= 2, "0, 1 or 2 (ssl.CERT_NONE / OPTIONAL / "
+                                                 "REQUIRED)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +82,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--dp-rank", type=non_negative_int, default=0, metavar="N",
                      help="data-parallel rank (reported; the metrics' engine label); with "
                           "--dp-master, the first of the --dp-size-local ranks played")
+    tls = parser.add_argument_group("TLS on the API port (vLLM's flag names)")
+    tls.add_argument("--ssl-certfile", default=None, metavar="PEM",
+                     help="serve HTTPS with this certificate chain (leaf first)")
+    tls.add_argument("--ssl-keyfile", default=None, metavar="PEM",
+                     help="its private key (default: in --ssl-certfile)")
+    tls.add_argument("--ssl-ca-certs", default=None, metavar="PEM",
+                     help="CA bundle for client certificates (see --ssl-cert-reqs)")
+    tls.add_argument("--ssl-cert-reqs", type=_cert_reqs, default=0, metavar="N",
+                     help="client certificate: 0 not asked, 1 optional, 2 required "
+                          "(signed by --ssl-ca-certs), as ssl.CERT_NONE / OPTIONAL / REQUIRED")
     dp = parser.add_argument_group("data parallel across nodes (docs/sim.md, motor.sim.dp)")
     dp.add_argument("--dp-size", type=positive_int, default=1, metavar="N",
                     help="DP ranks of the whole instance (with --dp-master)")
@@ -222,6 +234,14 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
                      bootstrap_port=args.disaggregation_bootstrap_port,
                      bootstrap_timeout_s=args.bootstrap_timeout_s),
     )
+    if args.ssl_keyfile and not args.ssl_certfile:
+        raise ValueError("--ssl-keyfile: expected --ssl-certfile with it, got none")
+    if args.ssl_cert_reqs and not args.ssl_ca_certs:
+        raise ValueError(f"--ssl-cert-reqs {args.ssl_cert_reqs}: expected --ssl-ca-certs (the "
+                         f"CA that signs client certificates), got none")
+    if args.ssl_certfile:
+        opts.tls = TlsOptions(cert_file=args.ssl_certfile, key_file=args.ssl_keyfile,
+                              ca_certs=args.ssl_ca_certs, cert_reqs=args.ssl_cert_reqs)
     if args.dp_master is not None:
         from motor.sim.dp import DpOptions, parse_address
         host, port = parse_address(args.dp_master)
@@ -273,7 +293,8 @@ async def _serve(opts: SimOptions) -> int:
     if server.dp is not None:
         dp = (f" dp_size={opts.dp.dp_size if opts.dp else 1} dp_master="
               f"{opts.dp.master_host if opts.dp else ''}:{server.dp_port}")
-    print(f"motor sim listening on http://{opts.host}:{port} model={server.model_name} "
+    scheme = "https" if opts.tls is not None else "http"
+    print(f"motor sim listening on {scheme}://{opts.host}:{port} model={server.model_name} "
           f"role={opts.role} dp_rank={opts.dp_rank}{kv}{dp}", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -295,7 +316,10 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         opts = options_from_args(args)
-    except ValueError as e:  # FaultError too
+        if opts.tls is not None:
+            from motor.sim.server import tls_context
+            tls_context(opts.tls)       # a file that does not load: exit 2, named
+    except ValueError as e:  # FaultError and ConfigError too
         print(f"motor sim: {e}", file=sys.stderr)
         return 2
     if opts.fault["mode"] == "crash" and opts.fault.get("count") is None:

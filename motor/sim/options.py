@@ -36,6 +36,26 @@ class PdOptions:
 
 
 @dataclass
+class TlsOptions:
+    """HTTPS on the API port (``--ssl-certfile`` and friends, vLLM's names).
+
+    Attributes
+    ----------
+    cert_file, key_file : str, str or None
+        PEM certificate chain (leaf first) and private key (None: in ``cert_file``).
+    ca_certs : str or None
+        PEM CA bundle for client certificates.
+    cert_reqs : int
+        0 / 1 / 2: a client certificate is not asked, optional, required
+        (``ssl.CERT_NONE`` / ``CERT_OPTIONAL`` / ``CERT_REQUIRED``).
+    """
+    cert_file: str
+    key_file: str | None = None
+    ca_certs: str | None = None
+    cert_reqs: int = 0
+
+
+@dataclass
 class SimOptions:
     """Everything a simulator needs; built from the CLI flags by :mod:`motor.sim.cli`."""
     host: str = "127.0.0.1"
@@ -56,6 +76,8 @@ class SimOptions:
     pd: PdOptions = field(default_factory=PdOptions)
     #: data parallel across nodes (``--dp-master``); None = a rank on its own
     dp: DpOptions | None = None
+    #: HTTPS on the API port; None = plain HTTP (the PD bootstrap and DP ports stay plain)
+    tls: TlsOptions | None = None
 
     @property
     def names(self) -> list[str]:

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import socket
+import ssl
 import time
 import uuid
 from typing import Any
@@ -35,7 +36,7 @@ from motor.sim.faults import Faults
 from motor.sim.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from motor.sim.dp import DpMaster
 from motor.sim.metrics import SimMetrics
-from motor.sim.options import SimOptions
+from motor.sim.options import SimOptions, TlsOptions
 from motor.sim.pd import PdError, PdSim, Plan
 from motor.sim.tokenizer import SimTokenizer
 from motor.sim.tokenizer import load as load_tokenizer
@@ -171,6 +172,23 @@ class _Ctx:
                        + orjson.dumps(model) + b',"choices":[')
 
 
+def tls_context(t: TlsOptions) -> ssl.SSLContext:
+    """The API port's server context (:func:`motor.http.tls.server_context`: TLS >= 1.2) with
+    ``t``'s client-certificate demand (``--ssl-ca-certs`` / ``--ssl-cert-reqs``, as vLLM's).
+
+    Raises
+    ------
+    motor.errors.ConfigError
+        naming the flag of a file that is missing or does not load.
+    """
+    from motor.http.tls import load_ca, server_context
+    ctx = server_context(t.cert_file, t.key_file, field="--ssl-certfile/--ssl-keyfile")
+    if t.ca_certs:
+        load_ca(ctx, t.ca_certs, "--ssl-ca-certs")
+    ctx.verify_mode = ssl.VerifyMode(t.cert_reqs)
+    return ctx
+
+
 class SimServer:
     """One simulated engine: tokenizer, engine loop, metrics and the HTTP API."""
 
@@ -217,7 +235,8 @@ class SimServer:
         self._apply_global_fault()
         self.http = HttpServer(self._handle)
         try:
-            self.port = await self.http.listen(self.opts.host, self.opts.port)
+            tls = tls_context(self.opts.tls) if self.opts.tls is not None else None
+            self.port = await self.http.listen(self.opts.host, self.opts.port, tls=tls)
         except OSError as e:
             await self.stop(drain_timeout_s=0.0)
             flag = "--host" if isinstance(e, socket.gaierror) else "--port"

@@ -28,6 +28,7 @@ spelling, never twice.
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -282,9 +283,73 @@ def process_name(node: str, engine: str, index: int, dp_rank: int, dp_size: int)
 
 
 def endpoint(engine: EngineConfig, index: int, dp_rank: int) -> Endpoint:
-    """Instance ``index``, DP rank ``dp_rank`` listens on ``base_port + index*dp_size + dp_rank``."""
+    """Instance ``index``, DP rank ``dp_rank`` listens on ``base_port + index*dp_size + dp_rank``
+    (``https`` with ``engine.tls``)."""
     return Endpoint(host=engine.host, port=engine.base_port + index * engine.dp_size + dp_rank,
-                    dp_rank=dp_rank)
+                    dp_rank=dp_rank, scheme="https" if engine.tls is not None else "http")
+
+
+def master_endpoint(engine: EngineConfig) -> Endpoint:
+    """The API endpoint of an instance spanning nodes: the DP master's ``base_port``."""
+    return endpoint(engine, 0, 0)
+
+
+def tls_flags(engine: EngineConfig, *, client_certs: bool = True) -> list[tuple[str, Any]]:
+    """The managed TLS flags of ``engine.tls`` (empty without): ``--ssl-certfile``,
+    ``--ssl-keyfile`` and with ``client_ca_file`` ``--ssl-ca-certs`` and (``client_certs``:
+    vLLM, motor sim) ``--ssl-cert-reqs 2`` (``ssl.CERT_REQUIRED``, which both take as an
+    int). Sources: vllm-project/vllm ``vllm/entrypoints/openai/cli_args.py`` (0.32.0:
+    ``vllm/entrypoints/launchers/cli_args.py``): ``ssl_keyfile``, ``ssl_certfile``,
+    ``ssl_ca_certs``, ``ssl_cert_reqs: int = int(ssl.CERT_NONE)``; sgl-project/sglang
+    ``python/sglang/srt/server_args.py`` ("SSL/TLS": ``ssl_keyfile``, ``ssl_certfile``,
+    ``ssl_ca_certs``, no cert_reqs; the config refuses ``client_ca_file`` for SGLang)."""
+    t = engine.tls
+    if t is None:
+        return []
+    out: list[tuple[str, Any]] = [("ssl-certfile", t.cert_file), ("ssl-keyfile", t.key_file)]
+    if t.client_ca_file:
+        out.append(("ssl-ca-certs", t.client_ca_file))
+        if client_certs:
+            out.append(("ssl-cert-reqs", int(ssl.CERT_REQUIRED)))
+    return out
+
+
+def probe_tls_context(engine: EngineConfig, where: str) -> ssl.SSLContext | None:
+    """The client context of the node manager's probes of ``engine`` (None without
+    ``tls``): ``tls.ca_file`` (else the system's CAs) and the host name checked, and with
+    ``client_ca_file`` the certificate ``client_cert_file`` presented.
+
+    Raises
+    ------
+    ConfigError
+        naming ``<where>.tls`` and a file that is missing or does not load.
+    """
+    t = engine.tls
+    if t is None:
+        return None
+    from motor.http.tls import client_context
+    return client_context(t.ca_file, True, t.client_cert_file, t.client_key_file,
+                          field=f"{where}.tls")
+
+
+def check_tls_files(engine: EngineConfig, where: str) -> None:
+    """Load ``engine.tls``'s files now (the engine's certificate and key, the probes' CA and
+    client certificate), so that a missing or broken one is a config error naming the field
+    before any engine starts, not an engine that exits at start.
+
+    Raises
+    ------
+    ConfigError
+    """
+    t = engine.tls
+    if t is None:
+        return
+    from motor.http.tls import load_ca, server_context
+    server_context(t.cert_file, t.key_file, field=f"{where}.tls")
+    if t.client_ca_file:
+        load_ca(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), t.client_ca_file,
+                f"{where}.tls.client_ca_file")
+    probe_tls_context(engine, where)
 
 
 def base_env(engine: EngineConfig, instance: str, dp_rank: int) -> dict[str, str]:
@@ -378,6 +443,7 @@ def plan_node(node: NodeConfig, cluster: ClusterConfig | None = None) -> list[In
     plans: list[InstancePlan] = []
     for j, e in enumerate(node.engines):
         backend = get_backend(e.kind)
+        check_tls_files(e, f"engines[{j}] of node {node.name!r}")
         if e.span is not None:
             if cluster is None:
                 raise ConfigError(f"engines[{j}].span of node {node.name!r}: expected the "

@@ -8,6 +8,7 @@ argv of instance ``i``::
     <launcher: python -m sglang.launch_server> --host H --port P --model-path <model>
         --served-model-name <name> --tp-size TP [--dp-size DP]
         [--disaggregation-mode prefill|decode]                                (PD roles)
+        [--ssl-certfile C --ssl-keyfile K]                                    (tls)
         <engine_config flags>
         [--disaggregation-bootstrap-port 8998+i]             (prefill; user value wins)
 
@@ -19,6 +20,12 @@ instance: ``--tp-size dp_size*tp_size`` (every device of the instance, on all no
 ``--dp-size dp_size`` (its DP-attention ranks: add ``enable_dp_attention: true``). Source:
 sgl-project/sglang ``python/sglang/srt/server_args.py`` ("Multi-node distributed serving":
 ``--dist-init-addr`` "e.g., `192.168.0.2:25000`", ``--nnodes``, ``--node-rank``).
+
+``tls``: SGLang's ``--ssl-certfile`` / ``--ssl-keyfile`` (sgl-project/sglang
+``python/sglang/srt/server_args.py``, section "SSL/TLS", with ``--ssl-ca-certs`` and
+``--ssl-keyfile-password`` but no flag that requires a client certificate, so the config
+refuses ``tls.client_ca_file`` for SGLang; an SGLang older than that section exits at start
+with an unknown-argument error, which the node manager reports as the engine failing).
 
 Env: ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=true`` (``/health`` runs a 1-token
 generation, so a stuck engine is unhealthy) and the node platform's device variable
@@ -35,10 +42,10 @@ from motor.config.engine_flags import managed_flags
 from motor.config.schema import ClusterConfig, EngineConfig, NodeConfig, Role
 from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, device_env,
                                         endpoint, engine_flags, group_devices, instance_id,
-                                        join_host_port, launcher, process_name,
-                                        span_instance_id, span_part)
+                                        join_host_port, launcher, master_endpoint,
+                                        process_name, span_instance_id, span_part, tls_flags)
 from motor.node_manager.engines.vllm import kv_events_address, user_value
-from motor.protocol.instances import Endpoint, KvTransfer
+from motor.protocol.instances import KvTransfer
 BOOTSTRAP_PORT_BASE = 8998
 
 
@@ -62,6 +69,7 @@ class SglangBackend:
             managed.append(("dp-size", engine.dp_size))
         if engine.role is not Role.UNION:
             managed.append(("disaggregation-mode", engine.role.value))
+        managed += tls_flags(engine, client_certs=False)
         defaults: list[tuple[str, Any]] = []
         bp = self.bootstrap_port(engine, index)
         if bp is not None:
@@ -104,6 +112,8 @@ class SglangBackend:
             managed.append(("disaggregation-mode", engine.role.value))
         managed += [("nnodes", len(engine.span.nodes)), ("node-rank", node_rank),
                     ("dist-init-addr", join_host_port(master_host, master_port))]
+        if node_rank == 0:
+            managed += tls_flags(engine, client_certs=False)
         defaults: list[tuple[str, Any]] = []
         bp = self.bootstrap_port(engine, 0)
         if bp is not None and node_rank == 0:
@@ -121,8 +131,7 @@ class SglangBackend:
             env: dict[str, str] = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "true"}
             env.update(device_env(node, engine, group_devices(node, engine)))
             env.update(base_env(engine, iid, rank * engine.dp_size_local))
-            ep = Endpoint(host=engine.host, port=engine.base_port, dp_rank=0) if rank == 0 \
-                else None
+            ep = master_endpoint(engine) if rank == 0 else None
             return [ProcessSpec(name=process_name(node.name, engine.name, 0, 0, 1),
                                 argv=self.part_argv(engine, rank, master_host, master_port),
                                 env=env, endpoint=ep,

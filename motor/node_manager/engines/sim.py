@@ -11,6 +11,10 @@ ranks: the DP master (node rank 0) ``--host H --port base_port --model <name> --
 joined; node ``k`` ``--headless --dp-rank k*L --dp-size DP --dp-size-local L --dp-master
 A:R`` joins it over TCP (``A:R``: the DP master's address and port; see docs/sim.md).
 
+With ``tls`` the API server (not a headless part) also gets ``--ssl-certfile C --ssl-keyfile K``
+and, with ``client_ca_file``, ``--ssl-ca-certs F --ssl-cert-reqs 2`` (vLLM's flags,
+:func:`~motor.node_manager.engines.tls_flags`).
+
 ``engine_config`` booleans: ``true`` -> ``--flag``, ``false`` -> ``--no-flag`` (every boolean
 flag of ``motor sim`` has a ``--no-`` form, e.g. ``enable_prefix_caching: false``).
 ``engine.launcher`` replaces ``python -m motor sim`` (tests use a tiny fake engine there).
@@ -23,8 +27,8 @@ from motor.config.engine_flags import managed_flags
 from motor.config.schema import ClusterConfig, EngineConfig, NodeConfig
 from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, endpoint,
                                         engine_flags, instance_id, join_host_port, launcher,
-                                        process_name, span_instance_id, span_part)
-from motor.protocol.instances import Endpoint
+                                        master_endpoint, process_name, span_instance_id,
+                                        span_part, tls_flags)
 
 
 def default_launcher() -> list[str]:
@@ -35,7 +39,7 @@ class SimBackend:
     def argv(self, engine: EngineConfig, index: int, dp_rank: int) -> list[str]:
         ep = endpoint(engine, index, dp_rank)
         managed = [("host", ep.host), ("port", ep.port), ("model", engine.model_name),
-                   ("role", engine.role.value), ("dp-rank", dp_rank)]
+                   ("role", engine.role.value), ("dp-rank", dp_rank), *tls_flags(engine)]
         return launcher(engine, default_launcher()) + engine_flags(
             engine.engine_config, managed=managed, negate_all=True,
             where=f"engines[{engine.name}].engine_config", reserved=managed_flags("sim"))
@@ -53,6 +57,8 @@ class SimBackend:
                     ("dp-rank", node_rank * local), ("dp-size", engine.dp_size),
                     ("dp-size-local", local),
                     ("dp-master", join_host_port(master_host, master_port))]
+        if node_rank == 0:
+            managed += tls_flags(engine)
         return launcher(engine, default_launcher()) + engine_flags(
             engine.engine_config, managed=managed, negate_all=True,
             where=f"engines[{engine.name}].engine_config", reserved=managed_flags("sim"))
@@ -63,8 +69,7 @@ class SimBackend:
         rank = engine.span.nodes.index(node.name) if engine.span else 0
 
         def build(master_host: str, master_port: int) -> list[ProcessSpec]:
-            ep = Endpoint(host=engine.host, port=engine.base_port, dp_rank=0) if rank == 0 \
-                else None
+            ep = master_endpoint(engine) if rank == 0 else None
             return [ProcessSpec(name=process_name(node.name, engine.name, 0, 0, 1),
                                 argv=self.part_argv(engine, rank, master_host, master_port),
                                 env=base_env(engine, iid, rank * engine.dp_size_local),

@@ -12,6 +12,11 @@ argv of instance ``i``, rank ``r``::
         [--kv-transfer-config <default_kv_transfer_config>]                 (prefill / decode)
         --disable-access-log-for-endpoints /health,/metrics
 
+With ``tls`` (HTTPS on the API port) the managed flags end with ``--ssl-certfile C
+--ssl-keyfile K`` and, with ``client_ca_file``, ``--ssl-ca-certs F --ssl-cert-reqs 2``
+(``ssl.CERT_REQUIRED``; :func:`~motor.node_manager.engines.tls_flags` cites vLLM's source);
+a headless part serves no API and gets none.
+
 (``k``: the instance's position among all instances of the node, in config order, so two
 groups on one node never share an RPC port.) The bracketed tail is motor's defaults: each is
 left out when ``engine_config`` sets that key in either spelling. The default
@@ -71,8 +76,9 @@ from motor.errors import ConfigError
 from motor.node_manager.engines import (InstancePlan, ProcessSpec, base_env, device_env,
                                         device_slot, endpoint, engine_flags, flag_key,
                                         group_devices, instance_id, instance_ordinal,
-                                        launcher, process_name, span_instance_id, span_part)
-from motor.protocol.instances import MAX_PORT, Endpoint, KvTransfer
+                                        launcher, master_endpoint, process_name,
+                                        span_instance_id, span_part, tls_flags)
+from motor.protocol.instances import MAX_PORT, KvTransfer
 from motor.protocol.kv_events import subscriber_address
 
 logger = logging.getLogger(__name__)
@@ -243,7 +249,8 @@ class VllmBackend:
         ep = endpoint(engine, index, dp_rank)
         managed: list[tuple[str, Any]] = [
             ("host", ep.host), ("port", ep.port), ("model", engine.model),
-            ("served-model-name", engine.model_name), ("tensor-parallel-size", engine.tp_size)]
+            ("served-model-name", engine.model_name), ("tensor-parallel-size", engine.tp_size),
+            *tls_flags(engine)]
         defaults: list[tuple[str, Any]] = []
         if engine.dp_size > 1:
             managed += [("data-parallel-size", engine.dp_size), ("data-parallel-rank", dp_rank)]
@@ -313,6 +320,8 @@ class VllmBackend:
             managed.append(("data-parallel-start-rank", node_rank * local))
         managed += [("data-parallel-address", master_host),
                     ("data-parallel-rpc-port", master_port)]
+        if node_rank == 0:
+            managed += tls_flags(engine)
         defaults: list[tuple[str, Any]] = []
         user = engine.engine_config
         if is_ascend_pd(node, engine):
@@ -348,8 +357,7 @@ class VllmBackend:
         rank = engine.span.nodes.index(node.name) if engine.span else 0
 
         def build(master_host: str, master_port: int) -> list[ProcessSpec]:
-            ep = Endpoint(host=engine.host, port=engine.base_port, dp_rank=0) if rank == 0 \
-                else None
+            ep = master_endpoint(engine) if rank == 0 else None
             return [ProcessSpec(
                 name=process_name(node.name, engine.name, 0, 0, 1),
                 argv=self.part_argv(node, engine, rank, master_host, master_port, cluster),

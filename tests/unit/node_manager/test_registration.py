@@ -25,8 +25,8 @@ def test_vllm_decode_registration_payload() -> None:
     d = orjson.loads(spec.model_dump_json())
     assert d == {
         "id": "n0/e/0", "model": "m", "role": "decode", "engine": "vllm",
-        "endpoints": [{"host": "10.0.0.5", "port": 9000, "dp_rank": 0},
-                      {"host": "10.0.0.5", "port": 9001, "dp_rank": 1}],
+        "endpoints": [{"host": "10.0.0.5", "port": 9000, "dp_rank": 0, "scheme": "http"},
+                      {"host": "10.0.0.5", "port": 9001, "dp_rank": 1, "scheme": "http"}],
         "kv_events": "tcp://10.0.0.5:5557", "bootstrap_port": None, "healthy": False,
         "dp_size": 2, "tp_size": 4,
         "kv_transfer": {"connector": "NixlConnector", "role": "kv_both", "engine_id": "n0/e/0",
