@@ -503,8 +503,14 @@ def main(argv: list[str] | None = None) -> int:
         hint = next((f" ({o} is global: motor {o} {o[6:].upper()} {args.command} ...)"
                      for o in ("--log-level", "--log-format") if o in extra), "")
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}{hint}")
-    from motor.logs import setup_logging
-    setup_logging(args.log_level, args.log_format)
+    from motor.logs import FORMATS, setup_logging
+    try:
+        setup_logging(args.log_level, args.log_format)
+    except ValueError:   # only $MOTOR_LOG_FORMAT can be wrong here (--log-format is a choice)
+        got = os.environ.get("MOTOR_LOG_FORMAT", "")
+        print(f"motor: MOTOR_LOG_FORMAT: expected one of {', '.join(FORMATS)}, got {got!r}",
+              file=sys.stderr)
+        return 2
     mod = importlib.import_module(args._module)
     try:
         return int(mod.main(args) or 0)

@@ -109,6 +109,8 @@ class ControllerLink:
         """
         order = [self.current] + [a for a in self.addrs if a != self.current]
         tried: list[str] = []
+        #: address -> the follower that named it leader (to word a dead leader once)
+        via: dict[tuple[str, int], tuple[str, int]] = {}
         hops = 0
         i = 0
         deadline = time.monotonic() + timeout_s * (len(order) + MAX_HOPS)
@@ -123,7 +125,13 @@ class ControllerLink:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - unreachable: the next one
-                tried.append(f"{host}:{port}: {_describe(e)}")
+                what = f"{host}:{port}: {_describe(e)}"
+                if (host, port) in via:
+                    f_host, f_port = via[(host, port)]
+                    what = (f"leader {host}:{port} (named by {f_host}:{f_port}, a follower): "
+                            f"{_describe(e)}")
+                if what not in tried:
+                    tried.append(what)
                 i += 1
                 continue
             if status in (307, 503):
@@ -134,6 +142,7 @@ class ControllerLink:
                         hops += 1
                         self.redirects += 1
                         self.leader = hint[0]
+                        via.setdefault(target, (host, port))
                         order.insert(i + 1, target)
                         i += 1
                         continue

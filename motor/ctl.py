@@ -234,6 +234,10 @@ class ControllerClient:
     def get(self, path: str, timeout_s: float | None = None) -> Any:
         """The document of ``GET path``; raises :class:`Refused` for an error status."""
         status, doc = self.request("GET", path, timeout_s=timeout_s)
+        if status == 404 and path.split("?")[0] in ("/v1/instances", "/v1/nodes"):
+            raise Refused(status, f"{_message(doc)}; {self.current} does not look like a motor "
+                                  f"controller (every controller serves GET {path}; a "
+                                  f"coordinator's view is GET /instances)")
         if status != 200:
             raise Refused(status, _message(doc))
         return doc
@@ -383,8 +387,9 @@ def coordinator_hotness(urls: Sequence[str], tls: ssl.SSLContext | None = None
             continue
         for ep in doc.get("endpoints", []):
             inst = ep.get("instance") or str(ep.get("key", "")).rpartition("#")[0]
-            if inst:
-                hot[inst] = hot.get(inst, 0) + int(ep.get("kv_blocks") or 0)
+            blocks = ep.get("kv_blocks")
+            if inst and isinstance(blocks, int):   # null: the coordinator keeps no KV index
+                hot[inst] = hot.get(inst, 0) + blocks
     return hot, failed
 
 
@@ -473,6 +478,10 @@ def cmd_rolling(client: ControllerClient, args: argparse.Namespace) -> int:
     if args.id is not None:
         raise ConfigError("argument ID: expected no instance id with --rolling (it restarts "
                           f"them all), got {args.id!r}")
+    if not args.wait:   # the next instance restarts only once the last one is ready again
+        raise ConfigError("--no-wait: a rolling restart waits for each instance to be ready "
+                          "before the next (else every instance would drain at once); "
+                          "expected --wait with --rolling, got --no-wait")
     doc = client.get("/v1/instances")
     ids = [i["id"] for i in doc.get("instances", [])
            if i.get("state") not in ("stopped", "draining", "removed")]
@@ -489,8 +498,8 @@ def cmd_rolling(client: ControllerClient, args: argparse.Namespace) -> int:
     body = _drain_body(args) | {"drain": args.drain}
     try:
         for iid in order:
-            r = _act(client, args, "restart", iid, body, args.wait)
-            r["kv_blocks"] = hot.get(iid, 0)
+            r = _act(client, args, "restart", iid, body, True)
+            r["kv_blocks"] = hot.get(iid)   # None: no coordinator gave a figure
             results.append(r)
             if args.output == "table":
                 _say(f"{iid}: {r['state']}"
@@ -498,7 +507,7 @@ def cmd_rolling(client: ControllerClient, args: argparse.Namespace) -> int:
     finally:
         _print(args, {"order": order, "results": results}, lambda: table(
             ["INSTANCE", "KV_BLOCKS", "STATE", "WAITED_S"],
-            [[r["instance"], r["kv_blocks"], r["state"],
+            [[r["instance"], "-" if r["kv_blocks"] is None else r["kv_blocks"], r["state"],
               None if r.get("waited_s") is None else f"{r['waited_s']:.1f}"]
              for r in results]))
     return EXIT_OK

@@ -51,6 +51,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 _WILDCARDS = ("0.0.0.0", "::", "")
 _NODE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,253}")
 _DNS_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+#: a Kubernetes object name (RFC 1123 subdomain): what a pod\'s POD_NAME always is
+_POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 @dataclass(frozen=True)
@@ -284,8 +286,12 @@ def plan(env: Mapping[str, str]) -> RunPlan:
         raise EnvError("POD_NAMESPACE", "a namespace (a DNS label: lower-case letters, digits, "
                                         "inner hyphens)", ns)
     pod_name = _get(env, "POD_NAME")
-    if pod_name is not None and not _NODE_NAME.fullmatch(pod_name):
-        raise EnvError("POD_NAME", "a pod name (letters, digits, '.', '-', '_')", pod_name)
+    if pod_name is not None and not (_POD_NAME.fullmatch(pod_name) and len(pod_name) <= 253):
+        raise EnvError("POD_NAME", "a pod name (a DNS subdomain: lower-case letters, digits, "
+                                   "inner hyphens, dots; at most 253 characters)", pod_name)
+    attempts = _get(env, "MOTOR_ENGINE_START_ATTEMPTS")
+    if attempts is not None and not (attempts.isdigit() and int(attempts) >= 1):
+        raise EnvError("MOTOR_ENGINE_START_ATTEMPTS", "an integer >= 1", attempts)
 
     path = _get(env, "MOTOR_CONFIG") or DEFAULT_CONFIG_PATH
     try:

@@ -362,7 +362,8 @@ class Assembler:
         a.state, a.reason = state, reason
         spec = a.master.spec
         assert spec is not None
-        inst = Instance(**spec.model_dump(), node=a.nodes[0], state=state, reason=reason)
+        inst = Instance(**(spec.model_dump() | {"healthy": state is InstanceState.READY}),
+                        node=a.nodes[0], state=state, reason=reason)
         return [Update(a.id, inst, reason, nodes)]
 
 

@@ -64,6 +64,9 @@ class EtcdSession:
         self.endpoints = config.addresses
         self._i = 0
         self._client: Any = None
+        #: member (``HOST:PORT``) -> whether the last request sent to it succeeded (members
+        #: not tried yet are absent)
+        self.health: dict[str, bool] = {}
         self.leader_key = f"{self.prefix}/leader".encode()
         self.version_key = f"{self.prefix}/version".encode()
         self.nodes_prefix = f"{self.prefix}/nodes/".encode()
@@ -113,18 +116,24 @@ class EtcdSession:
         for _ in range(len(self.endpoints)):
             try:
                 client = await self._connected()
-                return await asyncio.wait_for(getattr(client, op)(*args, **kwargs),
-                                              wait_s or self.config.timeout_s + 0.5)
+                out = await asyncio.wait_for(getattr(client, op)(*args, **kwargs),
+                                             wait_s or self.config.timeout_s + 0.5)
+                self.health[self.endpoint] = True
+                return out
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - sorted below
                 if not _is_transport_error(e):
                     raise
                 last = e
-                logger.debug("etcd %s on %s failed: %s; trying the next member", op,
-                             self.endpoint, e)
+                failed = self.endpoint
+                was_up = self.health.get(failed, True)
+                self.health[failed] = False
                 await self._drop()
                 self._i = (self._i + 1) % len(self.endpoints)
+                if len(self.endpoints) > 1 and was_up:   # once per member going down
+                    logger.warning("etcd member %s failed (%s: %s); using %s", failed,
+                                   type(e).__name__, e, self.endpoint)
         raise EtcdUnavailable(f"no etcd member answered ({', '.join(self.endpoints)}): "
                               f"{type(last).__name__}: {last}") from last
 

@@ -123,6 +123,8 @@ def document() -> dict[str, Any]:
             "responses": {"200": _json(_obj({
                 "self": {"type": "string"}, "is_leader": {"type": "boolean"},
                 "leader": {"type": ["string", "null"]},
+                "peers": {"type": "array", "items": {"type": "string"},
+                          "description": "controller.peers: every controller's URL"},
                 "etcd": {"type": ["object", "null"]}}))}}},
         "/openapi.json": {"get": {"summary": "This document",
                                   "responses": {"200": _json({"type": "object"})}}},

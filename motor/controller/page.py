@@ -13,8 +13,9 @@ It shows the leader, the table version, instance counts by state, a one-minute s
 of the cluster's request rate and mean TTFT (from the engines' TTFT histogram counts and
 sums between two polls), and per node its instances with state (coloured), role, model,
 endpoints, running / waiting requests, KV usage, prefix hit share, request rate, TTFT and
-the reason of the last transition. When a request fails the page asks ``/v1/leader`` and
-moves to the leader's page if another controller leads (a follower redirects API calls,
+the reason of the last transition. When a request fails the page asks ``/v1/leader`` (of
+this controller, then of the peers it named: ``controller.peers``, whose ``/v1/leader``
+allows any origin) and moves to the leader's page if another controller leads (a follower redirects API calls,
 which a browser does not follow across origins).
 
 Hooks for tests: each instance row is ``<tr data-instance=ID data-state=STATE>``; the body
@@ -118,12 +119,16 @@ function setConn(ok, text) {
   c.textContent = text; c.className = ok ? "kv" : "kv bad";
 }
 async function followLeader() {
-  try {
-    const l = await getJSON("/v1/leader", 3000);
-    if (l.leader && !l.is_leader && l.leader !== l.self) {
-      location.href = l.leader + "/cluster";
-    }
-  } catch (e) { /* the controller is down: keep trying */ }
+  // this controller first; when it is gone (killed), the other controllers it named
+  // (controller.peers; their /v1/leader answers any origin)
+  const here = location.origin;
+  const ask = [""].concat((S.peers || []).filter((u) => u !== here));
+  for (const base of ask) {
+    try {
+      const l = await getJSON(base + "/v1/leader", 3000);
+      if (l.leader && l.leader !== here) { location.href = l.leader + "/cluster"; return; }
+    } catch (e) { /* down: the next one */ }
+  }
 }
 const sleep = (t) => new Promise((r) => setTimeout(r, t));
 
@@ -176,7 +181,10 @@ async function pollOthers() {
       getJSON("/v1/engines", 5000), getJSON("/v1/nodes", 5000), getJSON("/v1/leader", 5000)]);
     if (eng.status === "fulfilled") { S.engines = eng.value; engineRates(eng.value); }
     if (nodes.status === "fulfilled") S.nodes = nodes.value.nodes;
-    if (leader.status === "fulfilled") S.leader = leader.value;
+    if (leader.status === "fulfilled") {
+      S.leader = leader.value;
+      if (Array.isArray(leader.value.peers)) S.peers = leader.value.peers;
+    }
     render();
     await sleep(1000);
   }

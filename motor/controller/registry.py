@@ -424,7 +424,10 @@ class Registry:
                      "stop": InstanceState.STOPPED, "start": InstanceState.STARTING}[action]
         e.admin = action
         self._dirty.add(e.inst.node)
-        why = f"operator: {action}" + ("" if drain or action != "restart" else " (no drain)")
+        # the words the heartbeats' mapping uses for the same states
+        why = {"drain": "draining on an operator's request", "stop": "stopped by an operator"
+               }.get(action, f"operator: {action}" + ("" if drain or action != "restart"
+                                                      else " (no drain)"))
         changes = [self._set(e, state, why, self.clock())] if state is not e.inst.state else []
         return self._commit(changes, force=True)
 
@@ -512,7 +515,10 @@ class Registry:
              detail: str | None = None) -> Transition:
         old = e.inst.state
         text = f"{reason} ({detail})" if detail else reason
-        e.inst = e.inst.model_copy(update={"state": new, "reason": text})
+        # ``healthy`` (the registration's word) follows the state, so the table never says
+        # ``ready`` and ``healthy: false`` at once
+        e.inst = e.inst.model_copy(update={"state": new, "reason": text,
+                                           "healthy": new is InstanceState.READY})
         e.since = now
         return Transition(e.inst.id, old, new, text)
 

@@ -75,8 +75,9 @@ class _Metrics:
                                       "leaders seen by this controller (its own elections "
                                       "included)", registry=r)
         self.etcd_up = Gauge("motor_controller_etcd_reachable",
-                             "1 when the last etcd request succeeded, by the etcd member in "
-                             "use (absent without etcd)", ["endpoint"], registry=r)
+                             "by etcd member: 1 when the last request sent to it succeeded, 0 "
+                             "when it failed (members not tried yet are absent; absent "
+                             "without etcd)", ["endpoint"], registry=r)
         self.etcd_writes = Counter("motor_controller_etcd_writes",
                                    "fenced registry writes to etcd by result (ok, fenced, "
                                    "unavailable)", ["result"], registry=r)
@@ -304,7 +305,8 @@ class ControllerServer:
         if leader is not None and leader != self.url and req is not None:
             target = leader + req.path + (f"?{req.query}" if req.query else "")
             body = error_body(307, f"this controller follows; the leader is {leader}")
-            resp.send(307, _with_leader(body, leader), headers=((b"location", target.encode()),))
+            resp.send(307, _with_leader(body, leader, "RedirectToLeader"),
+                      headers=((b"location", target.encode()),))
             return
         body = error_body(503, "no controller leads at the moment (an election is under way "
                                "or etcd is unreachable); retry")
@@ -547,15 +549,19 @@ class ControllerServer:
                                      "nodes": self.registry.nodes()}))
 
     async def _leader(self, req: Request, resp: Response) -> None:
-        """``{"self", "leader", "is_leader", "etcd": {...} | null}`` on every controller."""
+        """``{"self", "leader", "is_leader", "peers", "etcd": {...} | null}`` on every
+        controller; any origin may read it (the cluster page of a controller that died asks
+        the others who leads now)."""
         ha = self.ha
         resp.send(200, orjson.dumps({
             "self": self.url, "is_leader": self.leading,
             "leader": self.url if ha is None else ha.leader_url,
+            "peers": list(self.config.peers),
             "etcd": None if ha is None else {
                 "endpoint": ha.session.endpoint, "reachable": ha.etcd_reachable,
                 "prefix": self.config.etcd.prefix if self.config.etcd else None,
-                "lease_ttl_s": ha.config.lease_ttl_s, "leader_changes": ha.leader_changes}}))
+                "lease_ttl_s": ha.config.lease_ttl_s, "leader_changes": ha.leader_changes}}),
+            headers=((b"access-control-allow-origin", b"*"),))
 
     async def _openapi(self, req: Request, resp: Response) -> None:
         from motor.controller.openapi import document
@@ -584,9 +590,9 @@ class ControllerServer:
         m.nodes.set(len(self.registry.nodes()))
         m.watchers.set(self._watchers)
         m.is_leader.set(1 if self.leading else 0)
-        if self.ha is not None:
-            m.etcd_up.clear()
-            m.etcd_up.labels(self.ha.session.endpoint).set(1 if self.ha.etcd_reachable else 0)
+        if self.ha is not None:   # every member tried so far: 1 = its last request succeeded
+            for member, ok in self.ha.session.health.items():
+                m.etcd_up.labels(member).set(1 if ok else 0)
         resp.send(200, generate_latest(m.registry), content_type=CONTENT_TYPE_LATEST.encode())
 
     # ------------------------------------------- engines' figures, the cluster page
@@ -617,10 +623,13 @@ class ControllerServer:
         resp.send(200, page.PAGE_BYTES, content_type=page.CONTENT_TYPE)
 
 
-def _with_leader(body: bytes, leader: str | None) -> bytes:
-    """An error body with the leader's URL added (what :mod:`motor.control_link` follows)."""
+def _with_leader(body: bytes, leader: str | None, kind: str | None = None) -> bytes:
+    """An error body with the leader's URL added (what :mod:`motor.control_link` follows);
+    ``kind``: the error ``type`` instead of the status's (a redirect is not a bad request)."""
     doc = orjson.loads(body)
     doc["leader"] = leader
+    if kind is not None:
+        doc["error"]["type"] = kind
     return orjson.dumps(doc)
 
 

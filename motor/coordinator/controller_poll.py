@@ -111,9 +111,9 @@ async def follow_controller(link: ControllerLink,
         except Exception as e:  # noqa: BLE001 - any failure: log once per outage, retry
             if down_since is None:
                 down_since = time.monotonic()
-                logger.warning("%scontroller %s unreachable (%s); keeping the last instance "
-                               "table (version %d) and retrying", who, ", ".join(link.urls),
-                               _describe(e), version or 0)
+                logger.warning("%sno leading controller answered (%s; controllers: %s); keeping "
+                               "the last instance table (version %d) and retrying", who,
+                               _describe(e), ", ".join(link.urls), version or 0)
             await asyncio.sleep(RETRY_S)
             continue
         if down_since is not None:

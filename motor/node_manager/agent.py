@@ -93,8 +93,22 @@ DRAIN_POLL_S = 0.2
 METRICS_TIMEOUT_S = 2.0
 
 
+def check_start_attempts_env() -> None:
+    """Refuse a ``$MOTOR_ENGINE_START_ATTEMPTS`` that is set but not an integer >= 1.
+
+    Raises
+    ------
+    ConfigError
+        ``MOTOR_ENGINE_START_ATTEMPTS: expected an integer >= 1, got '...'``.
+    """
+    raw = os.environ.get(ENGINE_START_ATTEMPTS_ENV)
+    if raw is not None and raw.strip() and start_attempts_from_env() is None:
+        raise ConfigError(f"{ENGINE_START_ATTEMPTS_ENV}: expected an integer >= 1, got {raw!r}")
+
+
 def start_attempts_from_env() -> int | None:
-    """``$MOTOR_ENGINE_START_ATTEMPTS`` as an integer >= 1, else None (unset or not valid)."""
+    """``$MOTOR_ENGINE_START_ATTEMPTS`` as an integer >= 1, else None (unset or not valid:
+    the node manager's command refuses an invalid one first, :func:`check_start_attempts_env`)."""
     raw = os.environ.get(ENGINE_START_ATTEMPTS_ENV, "").strip()
     try:
         n = int(raw)
@@ -511,7 +525,7 @@ class NodeAgent:
                     self.registered = True
                     self._ever_registered = True
                     logger.info("node manager %s: registered %d instance(s) with %s (version %s)",
-                                self.node.name, len(self.instances), self.controller_url,
+                                self.node.name, len(self.instances), self.link.url,
                                 r.get("version"))
                     self._on_orders(r.get("parts"))
                 else:
@@ -530,7 +544,7 @@ class NodeAgent:
                     self._beat = asyncio.Event()
                 if outage_since is not None:
                     logger.info("node manager %s: controller %s reachable again after %.1f s",
-                                self.node.name, self.controller_url, time.monotonic() - outage_since)
+                                self.node.name, self.link.url, time.monotonic() - outage_since)
                     outage_since = None
                     warned = False
                 self.controller_reachable = True

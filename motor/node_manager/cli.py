@@ -61,8 +61,10 @@ def main(args: argparse.Namespace) -> int:
             parse_url(u)
             controller_endpoint(u, cfg.controller.tls)   # a scheme that does not fit controller.tls
         check(cfg.controller.tls)   # a bad certificate file: exit 2 before anything starts
+        from motor.node_manager.agent import check_start_attempts_env
         from motor.node_manager.engines import plan_node
         plan_node(node, cfg)  # bad engine_config -> error before anything starts
+        check_start_attempts_env()
     except ConfigError as e:
         return fail("node-manager", e)
     try:

@@ -143,7 +143,13 @@ def test_node_manager_runs_a_node_as_it_is(config: Path) -> None:
      "POD_IP: expected the pod's IP address (an IPv4 or IPv6 address, not 0.0.0.0 / ::), got "
      "'0.0.0.0'"),
     ({"MOTOR_ROLE": "engine-pod", "POD_NAME": "a/b", "POD_IP": "10.0.0.1"},
-     "POD_NAME: expected a pod name (letters, digits, '.', '-', '_'), got 'a/b'"),
+     "POD_NAME: expected a pod name (a DNS subdomain: lower-case letters, digits, inner "
+     "hyphens, dots; at most 253 characters), got 'a/b'"),
+    ({"MOTOR_ROLE": "engine-pod", "POD_NAME": "Motor_Prefill", "POD_IP": "10.0.0.1"},
+     "POD_NAME: expected a pod name (a DNS subdomain: lower-case letters, digits, inner "
+     "hyphens, dots; at most 253 characters), got 'Motor_Prefill'"),
+    ({"MOTOR_ROLE": "engine-pod", "MOTOR_ENGINE_START_ATTEMPTS": "abc"},
+     "MOTOR_ENGINE_START_ATTEMPTS: expected an integer >= 1, got 'abc'"),
     ({"MOTOR_ROLE": "coordinator", "MOTOR_CONTROLLER": "ftp://x:1"},
      "MOTOR_CONTROLLER: expected the controller's Service name (a host name) or a URL "
      "http://HOST:PORT, got 'ftp://x:1'"),

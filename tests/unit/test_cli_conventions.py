@@ -404,3 +404,28 @@ def test_fail_prints_option_errors_like_argparse(capsys: pytest.CaptureFixture[s
         "usage: motor x [OPTIONS] ('motor x --help' lists them)",
         "motor x: error: argument --port: expected 1, got 2",
         "motor x: cannot listen"]
+
+
+def test_a_bad_log_format_variable_is_named_not_a_traceback() -> None:
+    """``MOTOR_LOG_FORMAT`` is read before any command runs: a bad one is exit 2 with the
+    variable named (it was a traceback)."""
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "motor", "ctl", "instances"], capture_output=True,
+                       env={**os.environ, "MOTOR_LOG_FORMAT": "xml"}, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.decode().strip() == ("motor: MOTOR_LOG_FORMAT: expected one of text, json, "
+                                         "got 'xml'")
+
+
+def test_a_bad_start_attempts_variable_stops_the_node_manager() -> None:
+    """``MOTOR_ENGINE_START_ATTEMPTS`` that is not an integer >= 1: exit 2 with the variable
+    named, nothing started (it used to be ignored, silently removing the give-up limit)."""
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "motor", "node-manager"], capture_output=True,
+                       env={**os.environ, "MOTOR_ENGINE_START_ATTEMPTS": "0"}, timeout=60)
+    assert r.returncode == 2
+    assert "MOTOR_ENGINE_START_ATTEMPTS: expected an integer >= 1, got '0'" in r.stderr.decode()

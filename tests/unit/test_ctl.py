@@ -239,6 +239,8 @@ def test_no_controller_or_a_refusal_is_status_1_with_the_error(
     (["instances", "--output", "yaml"], "argument --output: expected one of table, json"),
     (["restart"], "argument ID: expected an instance id (or --rolling), got none"),
     (["restart", "n1/sim/0", "--rolling"], "argument ID: expected no instance id with"),
+    (["--controller", "http://127.0.0.1:1", "restart", "--rolling", "--no-wait"],
+     "--no-wait: a rolling restart waits for each instance to be ready before the next"),
     (["drain"], "the following arguments are required: ID"),
     (["drain", "x", "--timeout", "-1"], "argument --timeout: expected a number >= 0"),
     (["--controller", "127.0.0.1:1", "nodes"], "argument --controller: expected a URL"),
@@ -418,3 +420,18 @@ def test_drain_start_restart_and_rolling_restart_of_real_engines(
         loop.run(agent.stop())
         loop.run(srv.stop())
         loop.close()
+
+
+def test_a_url_that_is_not_a_controller_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """Another server's 404 on /v1/instances (what a coordinator answers): not a controller."""
+    def answer(method: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        doc = {"error": {"message": f"no route for {path}", "type": "NotFoundError",
+                         "param": None, "code": 404}}
+        return 404, {}, json.dumps(doc).encode()
+    other = FakeServer(answer)
+    try:
+        code, _, err = ctl_main(capsys, "--controller", other.url, "instances")
+    finally:
+        other.close()
+    assert code == 1
+    assert "does not look like a motor controller" in err and "GET /instances" in err

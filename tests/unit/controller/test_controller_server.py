@@ -117,3 +117,19 @@ def test_bad_requests() -> None:
         st, raw = await get(srv, c, "/v1/instances?after=abc")
         assert st == 400
     run(body)
+
+
+def test_leader_document_names_the_peers_and_any_origin_may_read_it() -> None:
+    """``/v1/leader`` lists controller.peers and carries ``access-control-allow-origin: *``
+    (the cluster page of a controller that died asks another controller who leads)."""
+    peers = ["http://10.0.0.1:18500", "http://10.0.0.2:18500"]
+
+    async def check(srv: ControllerServer, c: Client, clock: FakeClock) -> None:
+        assert srv.port is not None
+        resp = await c.pool("127.0.0.1", srv.port).request(b"GET", b"/v1/leader")
+        async with resp:
+            doc = orjson.loads(await resp.read())
+            assert resp.header(b"access-control-allow-origin") == b"*"
+        assert doc["peers"] == peers and doc["is_leader"] is True and doc["etcd"] is None
+        assert doc["leader"] == doc["self"] == srv.url
+    run(check, peers=peers)
