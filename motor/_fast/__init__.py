@@ -6,8 +6,10 @@ from motor._fast.hashing import HASH_ZERO_REMAP, block_hashes, block_hashes_into
 from motor._fast.radix import N_TIERS, TIER_DEVICE, TIER_DISK, TIER_HOST, PrefixIndex
 from motor._fast.ring import RECORD_OVERFLOW, RECORD_USER, Ring
 from motor._fast.scoring import costs, pick
+from motor._fast.sse import EventScanner
 
 __all__ = [
+    "EventScanner",
     "HASH_ZERO_REMAP",
     "N_TIERS",
     "PrefixIndex",

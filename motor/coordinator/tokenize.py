@@ -22,19 +22,46 @@ vLLM engine serving a model made from that directory computes the same ids.
 ``builtin`` is the same byte-level tokenizer and ChatML template computed in Python
 without any file (:mod:`motor.protocol.chat_tokenizer`: token id = UTF-8 byte value;
 ``<|endoftext|>`` 256, ``<|im_start|>`` 257, ``<|im_end|>`` 258).
+
+Cost on the request path (:class:`Tokenizers`): the token ids of a request are kept in
+an LRU keyed by exactly what they depend on (the tokenizer, and the chat's ``messages``
+with the template's other inputs, or the completion's text prompt), bounded in entries
+and in tokens held; a request seen again (a retry, a PD fallback, a repeated prompt)
+costs one key. A chat's text is cut at the tokenizer's added tokens and each piece's ids
+are kept in a second LRU (:meth:`RoutingTokenizer.encode_chat`): a system prompt or
+earlier turns seen before are not encoded again. Text not cached of at least
+:data:`OFF_LOOP_MIN_CHARS` characters is encoded in a bounded thread pool (``tokenizers``
+releases the GIL while it encodes) while the event loop goes on (:meth:`Tokenizers.warm`);
+shorter text inline, where a thread hop would cost more than the encode.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import re
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from motor.protocol import chat_tokenizer
 
 logger = logging.getLogger(__name__)
 
 BUILTIN = "builtin"
+
+#: token-id cache bounds: requests kept, and token ids held in all (a list slot and an int
+#: each, ~36 bytes a token: 2^19 tokens are ~18 MiB)
+CACHE_MAX_ENTRIES = 4096
+CACHE_MAX_TOKENS = 1 << 19
+#: texts at least this long (characters) are encoded in the thread pool (about 4 KiB of
+#: prompt, ~1k tokens: a few hundred microseconds of encode against ~50 us of thread hop)
+OFF_LOOP_MIN_CHARS = 4096
+#: threads of the encode pool (per coordinator worker)
+OFF_LOOP_THREADS = 2
 
 
 class TokenizeError(ValueError):
@@ -69,6 +96,10 @@ class RoutingTokenizer:
         self._template: Any = None
         self._bos: str | None = None
         self._eos: str | None = None
+        #: added tokens' split of a chat's text (:func:`piece_splitter`), None: encoded whole
+        self._split: tuple[re.Pattern[str], dict[str, int]] | None = None
+        #: token ids of the pieces between added tokens (chat texts, see chat_ids)
+        self.pieces = TokenCache()
         if source == BUILTIN:
             return
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -79,9 +110,13 @@ class RoutingTokenizer:
             self._tok = Tokenizer.from_file(str(d / "tokenizer.json"))
             with open(d / "tokenizer_config.json", encoding="utf-8") as f:
                 cfg = json.load(f)
+            with open(d / "tokenizer.json", encoding="utf-8") as f:
+                self._split = piece_splitter(json.load(f))
         except Exception as e:  # noqa: BLE001 - file missing / malformed: one clear error
             raise ValueError(f"tokenizer directory {str(d)!r} is expected to hold tokenizer.json "
                              f"and tokenizer_config.json: {e}") from None
+        if self._split is not None and getattr(self._tok, "encode_special_tokens", False):
+            self._split = None
 
         def token_text(v: Any) -> str | None:
             return v.get("content") if isinstance(v, dict) else v
@@ -153,19 +188,193 @@ class RoutingTokenizer:
         return text
 
     def chat_ids(self, body: dict[str, Any]) -> list[int]:
-        return self.encode(self.render_chat(body), add_special_tokens=False)
+        return self.encode_chat(self.render_chat(body))
+
+    def chat_plan(self, text: str) -> list[str | int] | None:
+        """A chat text cut at its added tokens: text pieces and added-token ids, in order
+        (``None``: this tokenizer encodes it whole, see :func:`piece_splitter`)."""
+        sp = self._split
+        if sp is None:
+            return None
+        pattern, added = sp
+        plan: list[str | int] = []
+        at = 0
+        for m in pattern.finditer(text):
+            if m.start() > at:
+                plan.append(text[at:m.start()])
+            plan.append(added[m.group()])
+            at = m.end()
+        if at < len(text):
+            plan.append(text[at:])
+        return plan
+
+    def encode_pieces(self, pieces: list[str]) -> list[list[int]]:
+        """Token ids of each text piece (no cache: safe in a thread)."""
+        return [self._tok.encode(p, add_special_tokens=False).ids for p in pieces]
+
+    def encode_chat(self, text: str) -> list[int]:
+        """Token ids of a rendered chat (no special tokens added, as vLLM's chat).
+
+        With a :func:`piece_splitter`, the pieces between added tokens are encoded on their
+        own and kept in :attr:`pieces` (LRU): a system prompt or earlier turns seen before
+        cost a lookup. That is what ``tokenizers`` itself does (added tokens are split out
+        first, every piece is normalized, pre-tokenized and encoded alone), so the ids are
+        the same as the whole text's."""
+        plan = self.chat_plan(text)
+        if plan is None:
+            return self.encode(text, add_special_tokens=False)
+        cache = self.pieces
+        missing = list(dict.fromkeys(p for p in plan if isinstance(p, str) and p not in cache))
+        if missing:
+            for piece, got in zip(missing, self.encode_pieces(missing)):
+                cache.put(piece, got)
+        return self.assemble(plan)
+
+    def assemble(self, plan: list[str | int]) -> list[int]:
+        """The ids of a :meth:`chat_plan` from the piece cache (a piece it lost is encoded
+        again)."""
+        out: list[int] = []
+        cache = self.pieces
+        for p in plan:
+            if isinstance(p, int):
+                out.append(p)
+                continue
+            got = cache.get(p)
+            if got is None:
+                got = self.encode_pieces([p])[0]
+                cache.put(p, got)
+            out.extend(got)
+        return out
+
+    @property
+    def releases_gil(self) -> bool:
+        """Whether :meth:`encode` runs outside the GIL (``tokenizers``; not ``builtin``)."""
+        return self._tok is not None
 
     # -- completions ------------------------------------------------------------
-    def completion_ids(self, body: dict[str, Any]) -> list[int]:
+    @staticmethod
+    def completion_prompt(body: dict[str, Any]) -> str | list[int]:
+        """The completion's routing prompt: its text, or its token ids as sent."""
         p = body.get("prompt")
         if isinstance(p, list) and p and not isinstance(p[0], int):
             p = p[0]  # a batch: the first prompt is the routing key
         if isinstance(p, str):
-            return self.encode(p, add_special_tokens=True)
+            return p
         if isinstance(p, list) and all(isinstance(t, int) for t in p):
             return p
         raise TokenizeError("prompt is expected to be a string, a list of token ids, or a list "
                             "of either")
+
+    def completion_ids(self, body: dict[str, Any]) -> list[int]:
+        p = self.completion_prompt(body)
+        if isinstance(p, str):
+            return self.encode(p, add_special_tokens=True)
+        return p
+
+
+#: pre-tokenizers that treat every piece alike wherever it is in the text (``Metaspace``
+#: adds its prefix to the first piece only: not listed; unknown types are not either)
+_PIECE_FREE_PRE_TOKENIZERS = frozenset((
+    "ByteLevel", "Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit",
+    "BertPreTokenizer", "UnicodeScripts", "CharDelimiterSplit"))
+
+
+def _pieces_free(pt: Any) -> bool:
+    if pt is None:
+        return True
+    if not isinstance(pt, dict):
+        return False
+    if pt.get("type") == "Sequence":
+        return all(_pieces_free(x) for x in pt.get("pretokenizers") or [None])
+    return pt.get("type") in _PIECE_FREE_PRE_TOKENIZERS
+
+
+def piece_splitter(tokenizer_json: dict[str, Any]
+                   ) -> tuple[re.Pattern[str], dict[str, int]] | None:
+    """How a ``tokenizer.json`` splits a text at its added tokens before anything else:
+    (a regex matching them leftmost-longest, content -> id), or ``None`` when encoding
+    the pieces alone might not give the whole text's ids: no added tokens; an added token
+    that strips whitespace (``lstrip`` / ``rstrip``), matches whole words only
+    (``single_word``) or after normalization (``normalized``); a pre-tokenizer that
+    depends on a piece's place in the text (not in :data:`_PIECE_FREE_PRE_TOKENIZERS`);
+    truncation, padding or BPE dropout."""
+    if tokenizer_json.get("truncation") is not None or tokenizer_json.get("padding") is not None:
+        return None
+    model = tokenizer_json.get("model")
+    if not isinstance(model, dict) or model.get("dropout") not in (None, 0, 0.0):
+        return None
+    if not _pieces_free(tokenizer_json.get("pre_tokenizer")):
+        return None
+    added: dict[str, int] = {}
+    for t in tokenizer_json.get("added_tokens") or []:
+        if not isinstance(t, dict) or t.get("lstrip") or t.get("rstrip") \
+                or t.get("single_word") or t.get("normalized", True):
+            return None
+        c, i = t.get("content"), t.get("id")
+        if not isinstance(c, str) or not c or not isinstance(i, int):
+            return None
+        added[c] = i
+    if not added:
+        return None
+    # alternatives longest first: at the leftmost match, the longest token wins
+    pattern = re.compile("|".join(re.escape(c) for c in sorted(added, key=len, reverse=True)))
+    return pattern, added
+
+
+#: the chat request fields the template reads besides ``messages`` (the cache key)
+_CHAT_KEY_FIELDS = ("add_generation_prompt", "continue_final_message", "tools", "documents",
+                    "chat_template_kwargs")
+
+
+def _chat_key(src: str, body: dict[str, Any]) -> bytes | None:
+    """The cache key of a chat's token ids: the tokenizer and every template input, as JSON
+    bytes (``None``: not encodable, not cached)."""
+    try:
+        return orjson.dumps([src, body.get("messages"), *(body.get(k) for k in _CHAT_KEY_FIELDS)])
+    except TypeError:
+        return None
+
+
+class TokenCache:
+    """LRU of token-id lists, bounded in entries and in tokens held (the newest entry is
+    always kept, even alone above the token bound). ``hits`` / ``misses`` count lookups."""
+
+    __slots__ = ("max_entries", "max_tokens", "tokens", "hits", "misses", "_d")
+
+    def __init__(self, max_entries: int = CACHE_MAX_ENTRIES,
+                 max_tokens: int = CACHE_MAX_TOKENS) -> None:
+        self.max_entries = max_entries
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        self.hits = 0
+        self.misses = 0
+        self._d: OrderedDict[object, list[int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def get(self, key: object) -> list[int] | None:
+        ids = self._d.get(key)
+        if ids is None:
+            self.misses += 1
+            return None
+        self._d.move_to_end(key)
+        self.hits += 1
+        return ids
+
+    def put(self, key: object, ids: list[int]) -> None:
+        d = self._d
+        old = d.pop(key, None)
+        if old is not None:
+            self.tokens -= len(old)
+        d[key] = ids
+        self.tokens += len(ids)
+        while len(d) > 1 and (len(d) > self.max_entries or self.tokens > self.max_tokens):
+            _, gone = d.popitem(last=False)
+            self.tokens -= len(gone)
 
 
 class Tokenizers:
@@ -175,9 +384,17 @@ class Tokenizers:
     directory. A model with no entry uses ``builtin``.
     """
 
-    def __init__(self, mapping: dict[str, str] | None = None) -> None:
+    def __init__(self, mapping: dict[str, str] | None = None, *,
+                 cache: TokenCache | None = None,
+                 off_loop_min_chars: int = OFF_LOOP_MIN_CHARS,
+                 off_loop_threads: int = OFF_LOOP_THREADS) -> None:
         self.mapping = dict(mapping or {})
         self._cache: dict[str, RoutingTokenizer] = {}
+        #: token ids of recent requests (see the module docstring)
+        self.ids = cache if cache is not None else TokenCache()
+        self.off_loop_min_chars = off_loop_min_chars
+        self.off_loop_threads = off_loop_threads
+        self._pool: ThreadPoolExecutor | None = None
 
     def get(self, model: str | None) -> RoutingTokenizer:
         src = self.mapping.get(model or "", self.mapping.get("*", BUILTIN))
@@ -187,8 +404,17 @@ class Tokenizers:
             logger.info("routing tokenizer for model %s: %s", model or "*", src)
         return tok
 
+    def _key(self, tok: RoutingTokenizer, route: str,
+             body: dict[str, Any]) -> tuple[object, str | list[int] | None]:
+        """(cache key or ``None``, the completion's prompt; ``None`` for a chat)."""
+        if route == "chat":
+            return _chat_key(tok.source, body), None
+        p = RoutingTokenizer.completion_prompt(body)
+        return ((tok.source, p) if isinstance(p, str) else None), p
+
     def token_ids(self, route: str, body: dict[str, Any]) -> list[int]:
-        """Token ids of a request body; ``route`` is ``chat`` or ``completions``.
+        """Token ids of a request body; ``route`` is ``chat`` or ``completions``. The list
+        may be the cache's own: read it, do not change it.
 
         Raises
         ------
@@ -196,6 +422,74 @@ class Tokenizers:
             when the body cannot be tokenized (the engine will judge the request).
         """
         tok = self.get(body.get("model"))
-        if route == "chat":
-            return tok.chat_ids(body)
-        return tok.completion_ids(body)
+        key, prompt = self._key(tok, route, body)
+        if key is None:
+            return tok.chat_ids(body) if prompt is None else tok.completion_ids(body)
+        ids = self.ids.get(key)
+        if ids is None:
+            ids = tok.chat_ids(body) if prompt is None else tok.completion_ids(body)
+            self.ids.put(key, ids)
+        return ids
+
+    def warm(self, route: str, body: dict[str, Any]) -> asyncio.Future[Any] | None:
+        """Start encoding a long request in the thread pool (the running loop's executor
+        hand-off); once the future is done its ids are cached, so :meth:`token_ids` finds
+        them (the future's own result is not the ids). ``None`` when there is nothing to
+        wait for: cached, short (what is not cached under :attr:`off_loop_min_chars`
+        characters), a token-id prompt, a tokenizer that holds the GIL (``builtin``), or a
+        body that cannot be tokenized (:meth:`token_ids` says why)."""
+        try:
+            tok = self.get(body.get("model"))
+            if not tok.releases_gil:
+                return None
+            key, prompt = self._key(tok, route, body)
+            if key is None or key in self.ids:
+                return None
+            plan = None
+            if prompt is None:
+                text = tok.render_chat(body)      # jinja: Python, holds the GIL anyway
+                plan = tok.chat_plan(text)
+            else:
+                assert isinstance(prompt, str)
+                text = prompt
+        except (TokenizeError, ValueError):
+            return None
+        loop = asyncio.get_running_loop()
+        ids_cache = self.ids
+        fut: asyncio.Future[Any]
+        if plan is not None:
+            # only the pieces not cached go to the pool; the caches are touched on the loop
+            missing = list(dict.fromkeys(p for p in plan
+                                         if isinstance(p, str) and p not in tok.pieces))
+            if sum(map(len, missing)) < self.off_loop_min_chars:
+                return None
+            fut = loop.run_in_executor(self._executor(), tok.encode_pieces, missing)
+
+            def keep_pieces(f: asyncio.Future[list[list[int]]]) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    for piece, got in zip(missing, f.result()):
+                        tok.pieces.put(piece, got)
+                    ids_cache.put(key, tok.assemble(plan))
+            fut.add_done_callback(keep_pieces)
+            return fut
+        if len(text) < self.off_loop_min_chars:
+            return None
+        fut = loop.run_in_executor(self._executor(), tok.encode, text, prompt is not None)
+
+        def keep(f: asyncio.Future[list[int]]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                ids_cache.put(key, f.result())
+        fut.add_done_callback(keep)
+        return fut
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.off_loop_threads,
+                                            thread_name_prefix="motor-tokenize")
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the encode pool (threads end after their current encode)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

@@ -11,7 +11,7 @@ class; there are no aliases.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -54,8 +54,12 @@ class Policy:
     #: whether :meth:`watch` may return a callback (request paths skip it otherwise)
     learns_ttft: bool = False
 
-    def prepare(self, info: RequestInfo, route: str, body: dict[str, Any]) -> None:
-        """Fill what the policy needs from the body (``route``: ``chat`` / ``completions``)."""
+    def prepare(self, info: RequestInfo, route: str, body: dict[str, Any],
+                off_loop: bool = False) -> Awaitable[None] | None:
+        """Fill what the policy needs from the body (``route``: ``chat`` / ``completions``).
+        ``off_loop``: the caller can await; long work may then go to a thread, and what is
+        returned must be awaited before :meth:`pick` (``None``: done)."""
+        return None
 
     def routed(self, ep: EndpointState, info: RequestInfo) -> None:
         """``info``'s request was sent to ``ep`` (called once per accepted attempt)."""

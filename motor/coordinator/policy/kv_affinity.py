@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -88,12 +88,31 @@ class KvAffinity(Policy):
         #: engine-reported waiting request is taken to weigh
         self.mean_uncached = 512.0
 
-    def prepare(self, info: RequestInfo, route: str, body: dict[str, Any]) -> None:
-        """Fill ``info.block_hashes`` and ``info.prompt_tokens`` from the request body."""
+    def prepare(self, info: RequestInfo, route: str, body: dict[str, Any],
+                off_loop: bool = False) -> Awaitable[None] | None:
+        """Fill ``info.block_hashes`` and ``info.prompt_tokens`` from the request body.
+
+        The token ids come from the routing tokenizers' cache when the same request was
+        seen (:class:`motor.coordinator.tokenize.Tokenizers`). ``off_loop``: a long text is
+        encoded in the tokenizers' thread pool, and the coroutine returned fills ``info``
+        once it is done (short ones are done inline: ``None``)."""
+        if off_loop:
+            fut = self.router.tokenizers.warm(route, body)
+            if fut is not None:
+                return self._prepare_after(fut, info, route, body)
         key = self.router.request_hashes(route, body)
         if key is not None:
             info.prompt_tokens, info.block_hashes = key
             info.prefill_tokens = info.prompt_tokens
+        return None
+
+    async def _prepare_after(self, fut: Awaitable[object], info: RequestInfo, route: str,
+                             body: dict[str, Any]) -> None:
+        try:
+            await fut                   # the ids land in the cache
+        except Exception:  # noqa: BLE001 - the inline encode below meets it again and says so
+            pass
+        self.prepare(info, route, body)
 
     def pick(self, candidates: list[EndpointState], request: RequestInfo,
              exclude: set[EndpointState] | None = None) -> EndpointState | None:

@@ -120,10 +120,26 @@ def prepare_traced(policy: Policy, obs: Obs, info: RequestInfo, route: str,
     try:
         policy.prepare(info, route, body)
     finally:
-        h = info.block_hashes
-        obs.end(span, {"motor.prompt_tokens": info.prompt_tokens,
-                       "motor.tokenized": h is not None,
-                       "motor.blocks": 0 if h is None else len(h)})
+        _end_tokenize(obs, span, info)
+
+
+async def prepare_traced_off_loop(policy: Policy, obs: Obs, info: RequestInfo, route: str,
+                                  body: dict[str, object]) -> None:
+    """:func:`prepare_traced` with a long text encoded off the event loop."""
+    span = obs.start("motor.tokenize", {"motor.policy": policy.name})
+    try:
+        later = policy.prepare(info, route, body, off_loop=True)
+        if later is not None:
+            await later
+    finally:
+        _end_tokenize(obs, span, info)
+
+
+def _end_tokenize(obs: Obs, span: Any, info: RequestInfo) -> None:
+    h = info.block_hashes
+    obs.end(span, {"motor.prompt_tokens": info.prompt_tokens,
+                   "motor.tokenized": h is not None,
+                   "motor.blocks": 0 if h is None else len(h)})
 
 
 class UnionPath(RequestPath):
@@ -174,9 +190,11 @@ class UnionPath(RequestPath):
             # kv_affinity: routing key = the tokenized request (only what the engine prefills
             # and caches: not /tokenize, /v1/responses and the like)
             if obs is None:
-                self.policy.prepare(info, route.name, p.body)
+                later = self.policy.prepare(info, route.name, p.body, off_loop=True)
+                if later is not None:
+                    await later
             else:
-                prepare_traced(self.policy, obs, info, route.name, p.body)
+                await prepare_traced_off_loop(self.policy, obs, info, route.name, p.body)
         if p.stream:
             rec, with_ids, why_not = self._recovery(route, p)
         else:
@@ -470,4 +488,5 @@ class UnionPath(RequestPath):
         return st, None
 
 
-__all__ = ["Fail", "Load", "Opened", "UnionPath", "Whole", "prepare_traced"]
+__all__ = ["Fail", "Load", "Opened", "UnionPath", "Whole", "prepare_traced",
+           "prepare_traced_off_loop"]

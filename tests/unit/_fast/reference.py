@@ -1,4 +1,4 @@
-"""Pure-Python reference models of ``motor._fast`` (hashing, radix, scoring, ring).
+"""Pure-Python reference models of ``motor._fast`` (hashing, radix, scoring, ring, sse).
 
 Written straight from the docstrings / ``docs/fast.md``, for clarity not speed.
 The compiled modules must agree with these on every input.
@@ -393,3 +393,210 @@ class Ring:
                 break
             out.append(r)
         return out
+
+
+# ---------------------------------------------------------------- sse
+
+_SSE_INT_LIMIT = 10 ** 18          # the compiled scanner's integer part: at most 18 digits
+_SSE_REASONING = ("reasoning_content", "tool_calls", "reasoning")
+
+
+class _SseUnsure(Exception):
+    """An event the scanner leaves to the JSON path."""
+
+
+def _sse_ids(v: object) -> list[int]:
+    if not isinstance(v, list) or not all(
+            type(x) is int and 0 <= x < _SSE_INT_LIMIT for x in v):
+        raise _SseUnsure
+    return v
+
+
+def _sse_scalar(obj: dict, key: str) -> object:
+    v = obj.get(key)
+    if v is None or type(v) is str or (type(v) is int and v >= 0):
+        return v
+    raise _SseUnsure
+
+
+class EventScanner:
+    """Reference of ``motor._fast.sse.EventScanner``: the same decisions on events decoded
+    with orjson, written from ``StreamRecovery._event`` (first leg) and the scanner's
+    docstring. It has none of the compiled scanner's lexical limits (escapes, number
+    sizes, member counts): where the compiled one answers ``None`` for those, this one may
+    answer; everywhere else they agree. Changed events are re-encoded (``data: `` +
+    ``orjson.dumps``), so outputs agree as parsed JSON, not as bytes."""
+
+    STATE = ("role_sent", "ids_missing", "blocked", "finished", "have_id", "have_prompt",
+             "usage_sent", "done")
+
+    def __init__(self, chat: bool, client_ids: bool) -> None:
+        self.chat = chat
+        self.client_ids = client_ids
+        for k in self.STATE:
+            setattr(self, k, False)
+        self.resp_id = self.created = self.model = None
+        self.finish_reason = None
+        self.prompt_ids = None
+        self.news = self.captured = False
+        self.events = 0
+        self.fallbacks = 0
+
+    def sync(self, **state: bool) -> None:
+        for k in self.STATE:
+            setattr(self, k, bool(state[k]))
+
+    def feed(self, block: bytes, gen: list[int]) -> bytes | None:
+        import orjson
+        st = {k: getattr(self, k) for k in self.STATE}
+        before = dict(st)
+        self._cap: dict = {}
+        ids: list[int] = []
+        out: list[bytes] = []
+        same = block.endswith(b"\n\n")
+        events = 0
+        pieces = block.split(b"\n\n")
+        if pieces[-1] == b"":
+            pieces.pop()
+        try:
+            for ev in pieces:
+                if b"\n" in ev:
+                    raise _SseUnsure
+                if not ev:
+                    same = False
+                    continue
+                if not ev.startswith(b"data:"):
+                    out.append(ev + b"\n\n")
+                    continue
+                payload = ev[5:].strip(b" \t\r")
+                if payload.startswith(b"["):
+                    if payload != b"[DONE]" or not st["finished"]:
+                        raise _SseUnsure
+                    st["done"] = True
+                    out.append(ev + b"\n\n")
+                    continue
+                try:
+                    obj = orjson.loads(payload)
+                except orjson.JSONDecodeError:
+                    raise _SseUnsure from None
+                if not isinstance(obj, dict):
+                    raise _SseUnsure
+                res = self._event(obj, st, ids)
+                if res is None:
+                    same = False
+                    continue
+                events += 1
+                if res is False:
+                    out.append(ev + b"\n\n")
+                else:
+                    same = False
+                    out.append(b"data: " + orjson.dumps(obj) + b"\n\n")
+        except _SseUnsure:
+            self.fallbacks += 1
+            self.news = False
+            return None
+        gen.extend(ids)
+        self.events += events
+        cap = self._cap
+        self.news = st != before or bool(cap)
+        self.captured = "resp_id" in cap
+        self.finish_reason = cap.get("finish_reason")
+        self.prompt_ids = cap.get("prompt_ids")
+        if self.captured:
+            self.resp_id, self.created, self.model = cap["resp_id"], cap["created"], cap["model"]
+        for k, v in st.items():
+            setattr(self, k, v)
+        return block if same else b"".join(out)
+
+    def _event(self, obj: dict, st: dict, ids: list[int]) -> bool | None:
+        """Edit ``obj`` in place; True: changed, False: as it came, None: dropped."""
+        cap = self._cap
+        if "error" in obj:
+            raise _SseUnsure
+        if not st["have_id"]:
+            cap["resp_id"] = rid = _sse_scalar(obj, "id")
+            cap["created"] = _sse_scalar(obj, "created")
+            cap["model"] = _sse_scalar(obj, "model")
+            st["have_id"] = rid is not None
+        changed = False
+        pids = obj.get("prompt_token_ids")
+        if isinstance(pids, list):
+            _sse_ids(pids)                           # arrays are parsed in both modes
+        elif pids is not None and self.chat:
+            raise _SseUnsure
+        if pids is not None and self.chat:
+            if not st["have_prompt"]:
+                st["have_prompt"] = True
+                cap["prompt_ids"] = list(pids)
+            if not self.client_ids or st["role_sent"]:
+                del obj["prompt_token_ids"]
+                obj.pop("prompt_text", None)
+                changed = True
+        choices = obj.get("choices")
+        if choices is None or choices == []:
+            if obj.get("usage") is not None:
+                st["usage_sent"] = True
+            return changed
+        if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0],
+                                                                                  dict):
+            raise _SseUnsure
+        c = choices[0]
+        tids = None
+        if "token_ids" in c:
+            if c["token_ids"] is not None:
+                tids = _sse_ids(c["token_ids"])
+                ids.extend(tids)
+            if not self.client_ids:
+                del c["token_ids"]
+                changed = True
+        fr = c.get("finish_reason")
+        if fr is not None and type(fr) is not str:
+            raise _SseUnsure
+        if c.get("stop_reason") == "recomputed":
+            raise _SseUnsure
+        cp = c.get("prompt_token_ids")
+        if isinstance(cp, list):
+            _sse_ids(cp)                             # arrays are parsed in both modes
+        elif cp is not None and not self.chat:
+            raise _SseUnsure
+        if not self.chat:
+            text = c.get("text")
+            if text is not None and type(text) is not str:
+                raise _SseUnsure
+            if "prompt_token_ids" in c:
+                if cp is not None:
+                    if not st["have_prompt"]:
+                        st["have_prompt"] = True
+                        cap["prompt_ids"] = list(cp)
+                    if not self.client_ids:
+                        del c["prompt_token_ids"]
+                        c.pop("prompt_text", None)
+                    elif "prompt_text" in c and c["prompt_text"] is None:
+                        del c["prompt_text"]
+                    changed = True
+                elif changed:
+                    del c["prompt_token_ids"]
+        else:
+            delta = c.get("delta")
+            if delta is None:
+                delta = {}
+            if not isinstance(delta, dict):
+                raise _SseUnsure
+            text = delta.get("content")
+            if text is not None and type(text) is not str:
+                raise _SseUnsure
+            if "role" in delta:
+                if st["role_sent"]:
+                    if not text and fr is None and tids is None:
+                        return None
+                    del delta["role"]
+                    changed = True
+                st["role_sent"] = True
+            if any(k in delta for k in _SSE_REASONING):
+                st["blocked"] = True
+        if tids is None and text:
+            st["ids_missing"] = True
+        if fr is not None:
+            st["finished"] = True
+            cap["finish_reason"] = fr
+        return changed

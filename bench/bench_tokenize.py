@@ -1,0 +1,49 @@
+"""Benchmarks of kv_affinity's routing key (``motor.coordinator.tokenize``): token ids of a
+chat request, first seen (template rendered, text encoded) and seen again (the LRU), with
+the ``tokenizers`` model directory ``motor sim`` writes and with ``builtin``.
+
+Budget (issue 13): kv_affinity within 1.3x of round robin's CPU per request on 1 KB chat
+prompts: a request seen again must cost a key (a few us), not a render and an encode.
+
+Run::
+
+    .venv/bin/python -m pytest bench/bench_tokenize.py --benchmark-only \
+        -p no:cacheprovider -o addopts=""
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from motor.coordinator.tokenize import BUILTIN, Tokenizers
+from motor.sim.tokenizer import write_model_dir
+
+pytestmark = pytest.mark.routing
+
+_SYSTEM = "You are a helpful assistant. " * 36       # ~1 KB shared system prompt
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return {"dir": str(write_model_dir(tmp_path_factory.mktemp("tok"))), "builtin": BUILTIN}
+
+
+def _chat(n: int) -> dict:
+    return {"model": "m", "messages": [{"role": "system", "content": _SYSTEM},
+                                       {"role": "user", "content": f"question {n}: why?"}]}
+
+
+@pytest.mark.parametrize("seen", ["first", "again"])
+@pytest.mark.parametrize("source", ["dir", "builtin"])
+def test_chat_key(benchmark, sources, source, seen):
+    benchmark.group = f"tokenize.chat_ids[prompt=1KB,{source}]"
+    toks = Tokenizers({"*": sources[source]})
+    if seen == "again":
+        body = _chat(0)
+        toks.token_ids("chat", body)
+        ids = benchmark(toks.token_ids, "chat", body)
+    else:
+        n = itertools.count()
+        ids = benchmark(lambda: toks.token_ids("chat", _chat(next(n))))
+    assert len(ids) > 200

@@ -1,0 +1,891 @@
+# cython: language_level=3
+"""The SSE relay of the first leg of a recoverable stream, without a JSON parse per event.
+
+Mid-stream failover (``motor/coordinator/recovery.py``, ``docs/faults.md``) needs, from
+every event of an engine's stream: the generated token ids (``choices[0].token_ids``), the
+prompt's token ids (chat: top-level ``prompt_token_ids``; completions:
+``choices[0].prompt_token_ids``), whether the stream finished (``finish_reason``), the
+usage chunk and ``[DONE]``; and the client must not see the token-id fields it did not ask
+for. :class:`EventScanner` does that on the bytes: a strict scanner of the JSON grammar
+walks each ``data:`` event once, records the byte spans of the members it knows, parses
+the token-id arrays into C buffers, and cuts the fields out of the bytes (no decode, no
+re-encode). It makes the decisions of ``StreamRecovery._event`` for the first leg
+(``leg == 0``) and applies them to the stream state it holds.
+
+Anything it does not fully understand sends the **whole block** back to the caller's JSON
+path, with nothing recorded: invalid JSON, a key with an escape, a duplicated known key,
+a string escape of a UTF-16 surrogate, an integer part longer than 18 digits, an exponent
+longer than 2 digits, nesting deeper than 64, more than 48 members in one object, an
+event of several lines, a payload that is not an object, ``error`` events, several
+choices, ``stop_reason: "recomputed"``, a ``finish_reason`` that is not a plain string,
+token ids that are not non-negative integers, ``[DONE]`` before a finishing chunk,
+``text`` / ``content`` that are not strings, a ``delta`` or ``choices`` of another type.
+
+Grammar accepted (RFC 8259, checked as it goes): whitespace is space, tab, CR; strings
+are valid UTF-8 (no overlong form, no surrogate, at most U+10FFFF) without control
+characters; escapes ``\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX``; numbers
+``-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?``; ``true``, ``false``, ``null``.
+
+A cut member takes its separator with it: a run of cut members preceded by a kept one is
+cut from the end of that kept member's value to the end of the run's last value; a run at
+the start of its object is cut from its first key to the next kept member's key; a whole
+object's members leave ``{}``. What the client gets therefore parses to the same JSON
+as the JSON path's ``orjson.dumps`` of the edited object (bytes differ only where the
+JSON path re-encodes).
+"""
+from libc.stdint cimport int64_t
+from libc.string cimport memcmp, memchr, memcpy
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+
+from motor._fast._common cimport MOTOR_DEBUG, mf_likely, mf_unlikely
+
+#: True when compiled with ``-DMOTOR_DEBUG=1``.
+DEBUG = bool(MOTOR_DEBUG)
+
+
+cdef enum:                   # bytes of the grammar
+    CH_TAB = 9
+    CH_LF = 10
+    CH_CR = 13
+    CH_SPACE = 32
+    CH_QUOTE = 34
+    CH_PLUS = 43
+    CH_COMMA = 44
+    CH_MINUS = 45
+    CH_DOT = 46
+    CH_SLASH = 47
+    CH_0 = 48
+    CH_1 = 49
+    CH_9 = 57
+    CH_COLON = 58
+    CH_UPPER_E = 69
+    CH_LBRACKET = 91
+    CH_BACKSLASH = 92
+    CH_RBRACKET = 93
+    CH_LOWER_E = 101
+    CH_LBRACE = 123
+    CH_RBRACE = 125
+
+
+# -- the grammar ------------------------------------------------------------------------
+cdef inline Py_ssize_t _ws(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    while i < n and (p[i] == CH_SPACE or p[i] == CH_TAB or p[i] == CH_CR or p[i] == CH_LF):
+        i += 1
+    return i
+
+
+cdef inline int _hex(unsigned char c) noexcept nogil:
+    if CH_0 <= c <= CH_9:
+        return c - CH_0
+    if 97 <= c <= 102:       # a-f
+        return c - 87
+    if 65 <= c <= 70:        # A-F
+        return c - 55
+    return -1
+
+
+cdef inline int _utf8(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    """Length of the valid UTF-8 sequence that starts with the byte >= 0x80 at ``i``; 0
+    when it is not one (overlong, surrogate, above U+10FFFF, truncated)."""
+    cdef unsigned char c = p[i]
+    cdef unsigned char lo = 0x80, hi = 0xBF
+    cdef int k, j
+    if 0xC2 <= c <= 0xDF:
+        k = 2
+    elif 0xE0 <= c <= 0xEF:
+        k = 3
+        if c == 0xE0:
+            lo = 0xA0
+        elif c == 0xED:
+            hi = 0x9F
+    elif 0xF0 <= c <= 0xF4:
+        k = 4
+        if c == 0xF0:
+            lo = 0x90
+        elif c == 0xF4:
+            hi = 0x8F
+    else:
+        return 0
+    if i + k > n:
+        return 0
+    if not (lo <= p[i + 1] <= hi):
+        return 0
+    for j in range(2, k):
+        if not (0x80 <= p[i + j] <= 0xBF):
+            return 0
+    return k
+
+
+cdef Py_ssize_t _string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
+                        bint *esc) noexcept nogil:
+    """``p[i]`` is a string's opening quote: the offset after its closing quote, -1 when
+    it is not a valid string (or escapes a surrogate). ``esc`` is set when it has an
+    escape."""
+    cdef unsigned char c
+    cdef int u, h, k, j
+    i += 1
+    while i < n:
+        c = p[i]
+        if c == CH_QUOTE:
+            return i + 1
+        if c == CH_BACKSLASH:
+            esc[0] = True
+            if i + 1 >= n:
+                return -1
+            c = p[i + 1]
+            if c == 117:     # \uXXXX
+                if i + 5 >= n:
+                    return -1
+                u = 0
+                for j in range(2, 6):
+                    h = _hex(p[i + j])
+                    if h < 0:
+                        return -1
+                    u = (u << 4) | h
+                if 0xD800 <= u <= 0xDFFF:
+                    return -1
+                i += 6
+            elif (c == CH_QUOTE or c == CH_BACKSLASH or c == CH_SLASH or c == 98 or c == 102
+                  or c == 110 or c == 114 or c == 116):     # " \ / b f n r t
+                i += 2
+            else:
+                return -1
+        elif c < 0x20:
+            return -1
+        elif c < 0x80:
+            i += 1
+        else:
+            k = _utf8(p, i, n)
+            if k == 0:
+                return -1
+            i += k
+    return -1
+
+
+cdef Py_ssize_t _number(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    """A JSON number at ``i``: the offset after it, -1 when invalid or outside what the
+    scanner takes (integer part over 18 digits, exponent over 2 digits)."""
+    cdef Py_ssize_t s
+    if i < n and p[i] == CH_MINUS:
+        i += 1
+    if i >= n:
+        return -1
+    if p[i] == CH_0:
+        i += 1
+    elif CH_1 <= p[i] <= CH_9:
+        s = i
+        while i < n and CH_0 <= p[i] <= CH_9:
+            i += 1
+        if i - s > SSE_MAX_INT_DIGITS:
+            return -1
+    else:
+        return -1
+    if i < n and p[i] == CH_DOT:
+        i += 1
+        s = i
+        while i < n and CH_0 <= p[i] <= CH_9:
+            i += 1
+        if i == s:
+            return -1
+    if i < n and (p[i] == CH_LOWER_E or p[i] == CH_UPPER_E):
+        i += 1
+        if i < n and (p[i] == CH_PLUS or p[i] == CH_MINUS):
+            i += 1
+        s = i
+        while i < n and CH_0 <= p[i] <= CH_9:
+            i += 1
+        if i == s or i - s > 2:
+            return -1
+    return i
+
+
+cdef inline Py_ssize_t _literal(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
+                                const char *word, Py_ssize_t k) noexcept nogil:
+    if i + k <= n and memcmp(p + i, word, k) == 0:
+        return i + k
+    return -1
+
+
+cdef Py_ssize_t _skip(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
+                      int depth) noexcept nogil:
+    """Any JSON value at ``i``: the offset after it, -1 when invalid (or nested deeper than
+    ``SSE_MAX_DEPTH``)."""
+    cdef unsigned char c, close
+    cdef bint esc = False
+    if i >= n:
+        return -1
+    c = p[i]
+    if c == CH_QUOTE:
+        return _string(p, i, n, &esc)
+    if c == CH_LBRACE or c == CH_LBRACKET:
+        if depth >= SSE_MAX_DEPTH:
+            return -1
+        close = CH_RBRACE if c == CH_LBRACE else CH_RBRACKET
+        i = _ws(p, i + 1, n)
+        if i < n and p[i] == close:
+            return i + 1
+        while True:
+            if c == CH_LBRACE:
+                if i >= n or p[i] != CH_QUOTE:
+                    return -1
+                i = _string(p, i, n, &esc)
+                if i < 0:
+                    return -1
+                i = _ws(p, i, n)
+                if i >= n or p[i] != CH_COLON:
+                    return -1
+                i = _ws(p, i + 1, n)
+            i = _skip(p, i, n, depth + 1)
+            if i < 0:
+                return -1
+            i = _ws(p, i, n)
+            if i >= n:
+                return -1
+            if p[i] == CH_COMMA:
+                i = _ws(p, i + 1, n)
+                continue
+            if p[i] == close:
+                return i + 1
+            return -1
+    if c == CH_MINUS or CH_0 <= c <= CH_9:
+        return _number(p, i, n)
+    if c == 116:
+        return _literal(p, i, n, b"true", 4)
+    if c == 102:
+        return _literal(p, i, n, b"false", 5)
+    if c == 110:
+        return _literal(p, i, n, b"null", 4)
+    return -1
+
+
+cdef inline int _kind(unsigned char c) noexcept nogil:
+    if c == CH_QUOTE:
+        return SSE_KIND_STRING
+    if c == CH_LBRACE:
+        return SSE_KIND_OBJECT
+    if c == CH_LBRACKET:
+        return SSE_KIND_ARRAY
+    if c == 110:
+        return SSE_KIND_NULL
+    if c == 116 or c == 102:
+        return SSE_KIND_BOOL
+    return SSE_KIND_NUMBER
+
+
+cdef inline bint _eq(const unsigned char *k, Py_ssize_t n, const char *name,
+                     Py_ssize_t m) noexcept nogil:
+    return n == m and memcmp(k, name, m) == 0
+
+
+cdef int _key(int level, const unsigned char *k, Py_ssize_t n) noexcept nogil:
+    """The known key ``k[:n]`` (without quotes) names at ``level``, else SSE_KEY_OTHER."""
+    if level == SSE_LEVEL_TOP:
+        if _eq(k, n, b"id", 2):
+            return SSE_KEY_ID
+        if _eq(k, n, b"choices", 7):
+            return SSE_KEY_CHOICES
+        if _eq(k, n, b"created", 7):
+            return SSE_KEY_CREATED
+        if _eq(k, n, b"model", 5):
+            return SSE_KEY_MODEL
+        if _eq(k, n, b"usage", 5):
+            return SSE_KEY_USAGE
+        if _eq(k, n, b"error", 5):
+            return SSE_KEY_ERROR
+        if _eq(k, n, b"prompt_token_ids", 16):
+            return SSE_KEY_PROMPT_TOKEN_IDS
+        if _eq(k, n, b"prompt_text", 11):
+            return SSE_KEY_PROMPT_TEXT
+    elif level == SSE_LEVEL_CHOICE:
+        if _eq(k, n, b"delta", 5):
+            return SSE_KEY_DELTA
+        if _eq(k, n, b"text", 4):
+            return SSE_KEY_TEXT
+        if _eq(k, n, b"token_ids", 9):
+            return SSE_KEY_TOKEN_IDS
+        if _eq(k, n, b"finish_reason", 13):
+            return SSE_KEY_FINISH_REASON
+        if _eq(k, n, b"stop_reason", 11):
+            return SSE_KEY_STOP_REASON
+        if _eq(k, n, b"prompt_token_ids", 16):
+            return SSE_KEY_PROMPT_TOKEN_IDS
+        if _eq(k, n, b"prompt_text", 11):
+            return SSE_KEY_PROMPT_TEXT
+    else:
+        if _eq(k, n, b"content", 7):
+            return SSE_KEY_CONTENT
+        if _eq(k, n, b"role", 4):
+            return SSE_KEY_ROLE
+        if (_eq(k, n, b"reasoning_content", 17) or _eq(k, n, b"tool_calls", 10)
+                or _eq(k, n, b"reasoning", 9)):
+            return SSE_KEY_REASONING
+    return SSE_KEY_OTHER
+
+
+cdef int _push(SseIds *b, int64_t x) except -1:
+    cdef Py_ssize_t cap
+    cdef int64_t *v
+    if mf_unlikely(b.n == b.cap):
+        cap = 256 if b.cap == 0 else 2 * b.cap
+        v = <int64_t *>PyMem_Realloc(b.v, cap * sizeof(int64_t))
+        if v == NULL:
+            raise MemoryError()
+        b.v = v
+        b.cap = cap
+    b.v[b.n] = x
+    b.n += 1
+    return 0
+
+
+cdef Py_ssize_t _ints(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
+                      SseIds *out) except -2:
+    """``p[i]`` opens an array: its non-negative integers appended to ``out``; the offset
+    after the array, -1 when it holds anything else."""
+    cdef int64_t v
+    cdef Py_ssize_t s
+    i = _ws(p, i + 1, n)
+    if i < n and p[i] == CH_RBRACKET:
+        return i + 1
+    while True:
+        if i >= n:
+            return -1
+        if p[i] == CH_0:
+            v = 0
+            i += 1
+        elif CH_1 <= p[i] <= CH_9:
+            s = i
+            v = 0
+            while i < n and CH_0 <= p[i] <= CH_9:
+                v = v * 10 + (p[i] - CH_0)
+                i += 1
+                if i - s > SSE_MAX_INT_DIGITS:
+                    return -1
+        else:
+            return -1
+        _push(out, v)
+        i = _ws(p, i, n)
+        if i >= n:
+            return -1
+        if p[i] == CH_COMMA:
+            i = _ws(p, i + 1, n)
+            continue
+        if p[i] == CH_RBRACKET:
+            return i + 1
+        return -1
+
+
+cdef inline void _reset(SseObject *o) noexcept nogil:
+    cdef int k
+    o.n = 0
+    for k in range(SSE_N_KEYS):
+        o.at[k] = -1
+
+
+cdef Py_ssize_t _object(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, SseObject *o,
+                        int level, SseEvent *ev, SseIds *ids, SseIds *pids) except -2:
+    """``p[i]`` opens the object of ``level``: its members recorded in ``o`` (known keys
+    in ``o.at``, token-id arrays parsed, ``choices[0]`` and its ``delta`` walked); the
+    offset after it, -1 when not understood."""
+    cdef Py_ssize_t ks, vs
+    cdef int key, m
+    cdef bint esc
+    cdef unsigned char c
+    _reset(o)
+    i = _ws(p, i + 1, n)
+    if i < n and p[i] == CH_RBRACE:
+        return i + 1
+    while True:
+        if i >= n or p[i] != CH_QUOTE:
+            return -1
+        ks = i
+        esc = False
+        i = _string(p, i, n, &esc)
+        if i < 0 or esc:                  # an escaped key could spell a known one
+            return -1
+        key = _key(level, p + ks + 1, i - ks - 2)
+        m = o.n
+        if m >= SSE_MAX_MEMBERS:
+            return -1
+        if key != SSE_KEY_OTHER:
+            if o.at[key] >= 0 and key != SSE_KEY_REASONING:
+                return -1                 # a duplicated known key: the last one counts
+            o.at[key] = m
+        i = _ws(p, i, n)
+        if i >= n or p[i] != CH_COLON:
+            return -1
+        i = _ws(p, i + 1, n)
+        if i >= n:
+            return -1
+        vs = i
+        c = p[i]
+        if key == SSE_KEY_CHOICES and c == CH_LBRACKET:
+            i = _ws(p, i + 1, n)
+            if i < n and p[i] == CH_RBRACKET:
+                ev.choices = SSE_CHOICES_EMPTY
+                i += 1
+            elif i < n and p[i] == CH_LBRACE:
+                i = _object(p, i, n, &ev.choice, SSE_LEVEL_CHOICE, ev, ids, pids)
+                if i < 0:
+                    return i
+                i = _ws(p, i, n)
+                if i >= n or p[i] != CH_RBRACKET:
+                    return -1             # several choices (or not an array)
+                ev.choices = SSE_CHOICES_ONE
+                i += 1
+            else:
+                return -1
+        elif key == SSE_KEY_DELTA and c == CH_LBRACE:
+            i = _object(p, i, n, &ev.delta, SSE_LEVEL_DELTA, ev, ids, pids)
+        elif key == SSE_KEY_TOKEN_IDS and c == CH_LBRACKET:
+            ev.tids_a = ids.n
+            i = _ints(p, i, n, ids)
+            ev.tids_b = ids.n
+        elif key == SSE_KEY_PROMPT_TOKEN_IDS and c == CH_LBRACKET:
+            if level == SSE_LEVEL_TOP:
+                ev.tp_a = pids.n
+                i = _ints(p, i, n, pids)
+                ev.tp_b = pids.n
+            else:
+                ev.cp_a = pids.n
+                i = _ints(p, i, n, pids)
+                ev.cp_b = pids.n
+        else:
+            i = _skip(p, i, n, 1)
+        if i < 0:
+            return i
+        o.m[m].key = ks
+        o.m[m].vstart = vs
+        o.m[m].vend = i
+        o.m[m].kind = _kind(c)
+        o.n = m + 1
+        i = _ws(p, i, n)
+        if i >= n:
+            return -1
+        if p[i] == CH_COMMA:
+            i = _ws(p, i + 1, n)
+            continue
+        if p[i] == CH_RBRACE:
+            return i + 1
+        return -1
+
+
+cdef int _cuts(const SseObject *o, unsigned long long mask, SseCuts *cuts) noexcept nogil:
+    """Add the byte ranges that remove the members of ``o`` whose bit is set in ``mask``
+    (separators included, see the module docstring); -1 when there are too many."""
+    cdef int i = 0, j
+    while i < o.n:
+        if not (mask >> i) & 1:
+            i += 1
+            continue
+        j = i
+        while j + 1 < o.n and (mask >> (j + 1)) & 1:
+            j += 1
+        if cuts.n >= SSE_MAX_CUTS:
+            return -1
+        if i > 0:
+            cuts.a[cuts.n] = o.m[i - 1].vend
+            cuts.b[cuts.n] = o.m[j].vend
+        elif j + 1 < o.n:
+            cuts.a[cuts.n] = o.m[0].key
+            cuts.b[cuts.n] = o.m[j + 1].key
+        else:
+            cuts.a[cuts.n] = o.m[0].key
+            cuts.b[cuts.n] = o.m[j].vend
+        cuts.n += 1
+        i = j + 1
+    return 0
+
+
+cdef inline unsigned long long _bit(const SseObject *o, int key) noexcept nogil:
+    return (1ULL << o.at[key]) if o.at[key] >= 0 else 0ULL
+
+
+cdef inline int _kind_of(const SseObject *o, int key) noexcept nogil:
+    """The kind of a known member's value, 0 when absent."""
+    return o.m[o.at[key]].kind if o.at[key] >= 0 else 0
+
+
+cdef inline bint _plain(const unsigned char *p, const SseMember *m) noexcept nogil:
+    """Whether a string member's value has no escape."""
+    return memchr(p + m.vstart + 1, CH_BACKSLASH, m.vend - m.vstart - 2) == NULL
+
+
+cdef object _scalar(const unsigned char *p, const SseObject *o, int key, bint *ok):
+    """A known member's value as ``obj.get(key)`` gives it, for null, plain strings and
+    non-negative integers; ``ok`` cleared for anything else."""
+    cdef const SseMember *m
+    cdef int64_t v = 0
+    cdef Py_ssize_t i
+    if o.at[key] < 0:
+        return None
+    m = &o.m[o.at[key]]
+    if m.kind == SSE_KIND_NULL:
+        return None
+    if m.kind == SSE_KIND_STRING and _plain(p, m):
+        return PyUnicode_DecodeUTF8(<const char *>p + m.vstart + 1, m.vend - m.vstart - 2,
+                                    NULL)
+    if m.kind == SSE_KIND_NUMBER:
+        for i in range(m.vstart, m.vend):
+            if not (CH_0 <= p[i] <= CH_9):
+                ok[0] = False
+                return None
+            v = v * 10 + (p[i] - CH_0)
+        return v
+    ok[0] = False
+    return None
+
+
+cdef list _id_list(const SseIds *b, Py_ssize_t a, Py_ssize_t e):
+    cdef list out = []
+    cdef Py_ssize_t k
+    for k in range(a, e):
+        out.append(b.v[k])
+    return out
+
+
+cdef class EventScanner:
+    """The first leg of one recoverable stream, relayed on the bytes.
+
+    ``EventScanner(chat, client_ids)``: ``chat`` for ``/v1/chat/completions`` chunks
+    (``delta``), else completion chunks (``text``); ``client_ids``: the client asked for
+    ``return_token_ids`` itself (the token-id fields stay in what it sees).
+
+    :meth:`feed` takes one or more whole SSE events (each ended by a blank line, as
+    ``relay_sse`` cuts them) and returns the bytes for the client, having appended the
+    token ids to ``gen`` and updated the stream state; or ``None`` when any event of the
+    block is not understood: then nothing was recorded and the caller runs the block
+    through its JSON path, and copies that path's state back into the public flags.
+
+    State (``StreamRecovery``'s words): ``role_sent``, ``ids_missing``, ``blocked``
+    (reasoning or tool-call output seen), ``finished``, ``have_id`` (the response's
+    ``id`` known), ``have_prompt`` (the prompt's token ids known), ``usage_sent``,
+    ``done`` (``[DONE]`` passed). ``news``: the last :meth:`feed` changed one of them or
+    captured something: ``resp_id`` / ``created`` / ``model`` of its last event read while
+    ``have_id`` was false (``captured`` then true), ``prompt_ids`` (list of int, when
+    ``have_prompt`` became true), ``finish_reason`` (its last non-null one; else None).
+    Counters: ``events`` (data events passed), ``fallbacks`` (blocks returned ``None``).
+    """
+
+    def __cinit__(self):
+        self._ids.v = NULL
+        self._ids.n = self._ids.cap = 0
+        self._pids.v = NULL
+        self._pids.n = self._pids.cap = 0
+        self._out = NULL
+        self._out_n = self._out_cap = 0
+
+    def __init__(self, bint chat, bint client_ids):
+        self.chat = chat
+        self.client_ids = client_ids
+
+    def __dealloc__(self):
+        self._free()
+
+    cdef void _free(self) noexcept:
+        PyMem_Free(self._ids.v)
+        self._ids.v = NULL
+        self._ids.n = self._ids.cap = 0
+        PyMem_Free(self._pids.v)
+        self._pids.v = NULL
+        self._pids.n = self._pids.cap = 0
+        PyMem_Free(self._out)
+        self._out = NULL
+        self._out_n = self._out_cap = 0
+
+    cdef int _emit(self, const char *p, Py_ssize_t n) except -1:
+        cdef Py_ssize_t cap
+        cdef char *o
+        if n <= 0:
+            return 0
+        if self._out_n + n > self._out_cap:
+            cap = self._out_cap or 4096
+            while cap < self._out_n + n:
+                cap *= 2
+            o = <char *>PyMem_Realloc(self._out, cap)
+            if o == NULL:
+                raise MemoryError()
+            self._out = o
+            self._out_cap = cap
+        memcpy(self._out + self._out_n, p, n)
+        self._out_n += n
+        return 0
+
+    cdef int _decide(self, const unsigned char *p, SseEvent *ev, SseState *st,
+                     SseCuts *cuts) except -2:
+        """``StreamRecovery._event`` of the first leg on a scanned event: the stream state
+        in ``st`` updated, the ranges to cut in ``cuts``; returns an ``SseAction``."""
+        cdef SseObject *top = &ev.top
+        cdef SseObject *ch = &ev.choice
+        cdef SseObject *de = &ev.delta
+        cdef unsigned long long top_cut = 0, ch_cut = 0, de_cut = 0
+        cdef bint changed = False, ok = True, tids_none, text, fr_none
+        cdef int k
+        cdef const SseMember *m
+        cdef object rid
+        if top.at[SSE_KEY_ERROR] >= 0:
+            return SSE_UNSURE                       # an engine's error event
+        if not st.have_id:
+            rid = _scalar(p, top, SSE_KEY_ID, &ok)
+            self._created = _scalar(p, top, SSE_KEY_CREATED, &ok)
+            self._model = _scalar(p, top, SSE_KEY_MODEL, &ok)
+            if not ok:
+                return SSE_UNSURE
+            self._resp_id = rid
+            self._captured = True
+            st.have_id = rid is not None
+        # the chat's prompt ids (vLLM's first chunk), cut unless the client asked for them
+        if self.chat and top.at[SSE_KEY_PROMPT_TOKEN_IDS] >= 0:
+            k = _kind_of(top, SSE_KEY_PROMPT_TOKEN_IDS)
+            if k == SSE_KIND_ARRAY:
+                if not st.have_prompt:
+                    st.have_prompt = True
+                    self._prompt_a = ev.tp_a
+                    self._prompt_b = ev.tp_b
+                if not self.client_ids or st.role_sent:
+                    top_cut |= _bit(top, SSE_KEY_PROMPT_TOKEN_IDS) | _bit(top, SSE_KEY_PROMPT_TEXT)
+                    changed = True
+            elif k != SSE_KIND_NULL:
+                return SSE_UNSURE
+        if ev.choices != SSE_CHOICES_ONE:
+            k = _kind_of(top, SSE_KEY_CHOICES)
+            if k != 0 and k != SSE_KIND_NULL and ev.choices != SSE_CHOICES_EMPTY:
+                return SSE_UNSURE
+            k = _kind_of(top, SSE_KEY_USAGE)
+            if k != 0 and k != SSE_KIND_NULL:
+                st.usage_sent = True
+            if _cuts(top, top_cut, cuts) < 0:
+                return SSE_UNSURE
+            return SSE_CUT if changed else SSE_PASS
+        # choices[0]: generated token ids
+        k = _kind_of(ch, SSE_KEY_TOKEN_IDS)
+        if k != 0 and k != SSE_KIND_NULL and k != SSE_KIND_ARRAY:
+            return SSE_UNSURE
+        tids_none = k != SSE_KIND_ARRAY
+        if k != 0 and not self.client_ids:
+            ch_cut |= _bit(ch, SSE_KEY_TOKEN_IDS)
+            changed = True
+        k = _kind_of(ch, SSE_KEY_FINISH_REASON)
+        if k != 0 and k != SSE_KIND_NULL and not (
+                k == SSE_KIND_STRING and _plain(p, &ch.m[ch.at[SSE_KEY_FINISH_REASON]])):
+            return SSE_UNSURE
+        fr_none = k == 0 or k == SSE_KIND_NULL
+        if _kind_of(ch, SSE_KEY_STOP_REASON) == SSE_KIND_STRING:
+            m = &ch.m[ch.at[SSE_KEY_STOP_REASON]]
+            if not _plain(p, m) or (m.vend - m.vstart == 12
+                                    and memcmp(p + m.vstart, b'"recomputed"', 12) == 0):
+                return SSE_UNSURE                   # preempted: the JSON path rewrites it
+        if not self.chat:
+            k = _kind_of(ch, SSE_KEY_TEXT)
+            if k != 0 and k != SSE_KIND_NULL and k != SSE_KIND_STRING:
+                return SSE_UNSURE
+            text = k == SSE_KIND_STRING and ch.m[ch.at[SSE_KEY_TEXT]].vend \
+                - ch.m[ch.at[SSE_KEY_TEXT]].vstart > 2
+            k = _kind_of(ch, SSE_KEY_PROMPT_TOKEN_IDS)
+            if k == SSE_KIND_ARRAY:
+                if not st.have_prompt:
+                    st.have_prompt = True
+                    self._prompt_a = ev.cp_a
+                    self._prompt_b = ev.cp_b
+                if not self.client_ids:
+                    ch_cut |= _bit(ch, SSE_KEY_PROMPT_TOKEN_IDS) | _bit(ch, SSE_KEY_PROMPT_TEXT)
+                elif _kind_of(ch, SSE_KEY_PROMPT_TEXT) == SSE_KIND_NULL:
+                    ch_cut |= _bit(ch, SSE_KEY_PROMPT_TEXT)
+                changed = True
+            elif k == SSE_KIND_NULL:
+                if changed:      # popped by the JSON path, so gone when it re-encodes
+                    ch_cut |= _bit(ch, SSE_KEY_PROMPT_TOKEN_IDS)
+            elif k != 0:
+                return SSE_UNSURE
+        else:
+            k = _kind_of(ch, SSE_KEY_DELTA)
+            if k != 0 and k != SSE_KIND_NULL and k != SSE_KIND_OBJECT:
+                return SSE_UNSURE
+            if k != SSE_KIND_OBJECT:
+                _reset(de)
+            k = _kind_of(de, SSE_KEY_CONTENT)
+            if k != 0 and k != SSE_KIND_NULL and k != SSE_KIND_STRING:
+                return SSE_UNSURE
+            text = k == SSE_KIND_STRING and de.m[de.at[SSE_KEY_CONTENT]].vend \
+                - de.m[de.at[SSE_KEY_CONTENT]].vstart > 2
+            if de.at[SSE_KEY_ROLE] >= 0:
+                if st.role_sent:
+                    if not text and fr_none and tids_none:
+                        return SSE_DROP             # a restarted leg's role chunk
+                    de_cut |= _bit(de, SSE_KEY_ROLE)
+                    changed = True
+                st.role_sent = True
+            if de.at[SSE_KEY_REASONING] >= 0:
+                st.blocked = True
+        if tids_none and text:
+            st.ids_missing = True
+        if not fr_none:
+            st.finished = True
+            m = &ch.m[ch.at[SSE_KEY_FINISH_REASON]]
+            self._finish_reason = PyUnicode_DecodeUTF8(<const char *>p + m.vstart + 1,
+                                                       m.vend - m.vstart - 2, NULL)
+        if (_cuts(top, top_cut, cuts) < 0 or _cuts(ch, ch_cut, cuts) < 0
+                or _cuts(de, de_cut, cuts) < 0):
+            return SSE_UNSURE
+        return SSE_CUT if changed else SSE_PASS
+
+    def feed(self, bytes block not None, list gen not None):
+        """The client's bytes for ``block`` (whole SSE events), or ``None``.
+
+        Parameters
+        ----------
+        block : bytes
+            One or more SSE events, each ended by a blank line (a last one without it is
+            taken as ended).
+        gen : list of int
+            The stream's generated token ids; this block's are appended (only when the
+            result is not ``None``).
+
+        Returns
+        -------
+        bytes or None
+            ``block`` itself when nothing in it changes; the events with the token-id
+            fields cut (``data:`` events), dropped events left out, each ended by a blank
+            line; ``None`` when an event is not understood (nothing recorded).
+        """
+        cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(block)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(block)
+        cdef Py_ssize_t i = 0, e, a, j, pa, pe, k
+        cdef const unsigned char *nl
+        cdef SseState st
+        cdef SseEvent ev
+        cdef SseCuts cuts
+        cdef int act, c
+        cdef bint same = True
+        cdef int64_t events = 0
+        st.role_sent = self.role_sent
+        st.ids_missing = self.ids_missing
+        st.blocked = self.blocked
+        st.finished = self.finished
+        st.have_id = self.have_id
+        st.have_prompt = self.have_prompt
+        st.usage_sent = self.usage_sent
+        st.done = self.done
+        self._ids.n = 0
+        self._pids.n = 0
+        self._out_n = 0
+        self._resp_id = self._created = self._model = self._finish_reason = None
+        self._prompt_a = self._prompt_b = -1
+        self._captured = False
+        self.news = self.captured = False
+        self.finish_reason = self.prompt_ids = None
+        while i < n:
+            # the event [i, e), ended by "\n\n" at e (or the end of the block)
+            nl = <const unsigned char *>memchr(p + i, CH_LF, n - i)
+            if nl == NULL:
+                e = n
+                same = False                        # the JSON path adds the blank line
+            else:
+                e = nl - p
+                if e + 1 >= n or p[e + 1] != CH_LF:
+                    self.fallbacks += 1             # a line break inside an event
+                    return None
+            if e == i:                              # an empty event: skipped
+                same = False
+                i = e + 2
+                continue
+            cuts.n = 0
+            if e - i < 5 or memcmp(p + i, b"data:", 5) != 0:
+                act = SSE_PASS                      # a comment or another field
+            else:
+                pa = _ws(p, i + 5, e)
+                if pa < e and p[pa] == CH_LBRACKET:
+                    if not (pa + 6 <= e and memcmp(p + pa, b"[DONE]", 6) == 0
+                            and _ws(p, pa + 6, e) == e and st.finished):
+                        self.fallbacks += 1         # [DONE] before the finish (or not it)
+                        return None
+                    st.done = True
+                    act = SSE_PASS
+                else:
+                    if pa >= e or p[pa] != CH_LBRACE:
+                        self.fallbacks += 1
+                        return None
+                    ev.choices = SSE_CHOICES_ABSENT
+                    ev.tids_a = ev.tids_b = ev.tp_a = ev.tp_b = ev.cp_a = ev.cp_b = 0
+                    _reset(&ev.choice)
+                    _reset(&ev.delta)
+                    k = self._pids.n
+                    pe = _object(p, pa, e, &ev.top, SSE_LEVEL_TOP, &ev, &self._ids, &self._pids)
+                    if pe < 0 or _ws(p, pe, e) != e:
+                        self.fallbacks += 1
+                        return None
+                    act = self._decide(p, &ev, &st, &cuts)
+                    if act == SSE_UNSURE:
+                        self.fallbacks += 1
+                        return None
+                    if self._prompt_a < k:
+                        self._pids.n = k            # prompt ids not kept: space reused
+                    if act != SSE_DROP:
+                        events += 1
+            if act == SSE_DROP:
+                same = False
+            elif act == SSE_CUT:
+                same = False
+                # cuts in offset order (they never overlap)
+                for j in range(1, cuts.n):
+                    a = cuts.a[j]
+                    k = cuts.b[j]
+                    c = j - 1
+                    while c >= 0 and cuts.a[c] > a:
+                        cuts.a[c + 1] = cuts.a[c]
+                        cuts.b[c + 1] = cuts.b[c]
+                        c -= 1
+                    cuts.a[c + 1] = a
+                    cuts.b[c + 1] = k
+                a = i
+                for j in range(cuts.n):
+                    self._emit(<const char *>p + a, cuts.a[j] - a)
+                    a = cuts.b[j]
+                self._emit(<const char *>p + a, e - a)
+                self._emit(b"\n\n", 2)
+            else:
+                self._emit(<const char *>p + i, e - i)
+                self._emit(b"\n\n", 2)
+            i = e + 2
+        # the whole block is understood: keep what it said
+        for k in range(self._ids.n):
+            gen.append(self._ids.v[k])
+        self.events += events
+        if (st.role_sent != self.role_sent or st.ids_missing != self.ids_missing
+                or st.blocked != self.blocked or st.finished != self.finished
+                or st.have_prompt != self.have_prompt or st.usage_sent != self.usage_sent
+                or st.done != self.done or self._captured or self._finish_reason is not None):
+            self.news = True
+            self.role_sent = st.role_sent
+            self.ids_missing = st.ids_missing
+            self.blocked = st.blocked
+            self.finished = st.finished
+            self.usage_sent = st.usage_sent
+            self.done = st.done
+            if self._captured:
+                self.captured = True
+                self.have_id = st.have_id
+                self.resp_id = self._resp_id
+                self.created = self._created
+                self.model = self._model
+            if self._finish_reason is not None:
+                self.finish_reason = self._finish_reason
+            if st.have_prompt and not self.have_prompt:
+                self.have_prompt = True
+                self.prompt_ids = _id_list(&self._pids, self._prompt_a, self._prompt_b)
+        if same:
+            return block
+        return PyBytes_FromStringAndSize(self._out, self._out_n)
+
+    def sync(self, *, bint role_sent, bint ids_missing, bint blocked, bint finished,
+             bint have_id, bint have_prompt, bint usage_sent, bint done):
+        """Set the stream state after the caller's JSON path handled a block."""
+        self.role_sent = role_sent
+        self.ids_missing = ids_missing
+        self.blocked = blocked
+        self.finished = finished
+        self.have_id = have_id
+        self.have_prompt = have_prompt
+        self.usage_sent = usage_sent
+        self.done = done
