@@ -489,6 +489,16 @@ class AdmissionConfig(_Strict):
     priority_header: str = Field("x-motor-priority", pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
                                  description="request header naming a class (an HTTP field "
                                              "name, RFC 9110 token)")
+    max_inflight_per_instance: int = Field(
+        0, ge=0, description="requests in flight per endpoint at most for endpoints whose "
+                             "engine states no limit (standalone `--backend`s, instances "
+                             "registered without `max_inflight`); 0 = no cap. An endpoint at "
+                             "its cap takes no request; when every candidate is at its cap a "
+                             "request waits up to `queue_timeout_s`, then 503")
+    shed_waiting: int = Field(
+        0, ge=0, description="an endpoint whose engine reports at least this many waiting "
+                             "requests (the multi-worker scrape of its /metrics) is skipped "
+                             "while another candidate reports fewer; 0 = off")
 
 
 class TracingConfig(_Strict):
@@ -723,6 +733,11 @@ class EngineConfig(_Strict):
                                                 "or a DNS host name")
     base_port: int = Field(18100, ge=1, le=65535,
                            description="first HTTP port; instance i, DP rank r gets base_port + i*dp_size + r")
+    max_inflight: int | None = Field(
+        None, ge=1, description="requests the coordinators send one endpoint (DP rank) at "
+                                "once at most; null = the engine's own limit from "
+                                "engine_config (`max_num_seqs`: vllm, sim; "
+                                "`max_running_requests`: sglang), none when it sets none")
     engine_config: dict[str, Any] = Field(
         default_factory=dict,
         description="passed through to the engine as --kebab-case flags (`max_model_len` and "

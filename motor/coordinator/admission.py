@@ -17,6 +17,10 @@ overloaded). Otherwise it waits in its class's queue:
 
 Refusals are 503 with ``Retry-After`` (the caller writes the answer; this module only decides).
 A waiter whose client went away (its task cancelled) leaves the queue and takes no slot.
+
+Per-instance caps (:class:`SlotQueue`): an admitted request whose candidate endpoints are all
+at their cap (``InstanceSpec.max_inflight``, ``admission.max_inflight_per_instance``) waits
+here, in arrival order, until one has room or ``queue_timeout_s`` passed (``instance cap``).
 """
 from __future__ import annotations
 
@@ -24,7 +28,14 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
+#: a waiting request at the head of a :class:`SlotQueue` looks for room this often even
+#: without a release in this process (another worker's request ended, an endpoint came back)
+SLOT_POLL_S = 0.05
 
 
 @dataclass(eq=False)
@@ -222,3 +233,89 @@ class Admission:
         self._remove(w.queue, w.key, w)
         self.refused["queue timeout"] += 1
         w.fut.set_exception(Refused("queue timeout", self.retry_after_s()))
+
+
+class _SlotWaiter:
+    __slots__ = ("fut",)
+
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+
+
+class SlotQueue:
+    """Requests waiting for room on an endpoint below its cap, served in arrival order.
+
+    ``await q.wait(room)`` returns ``room()``'s first answer that is not None: at once when
+    nobody waits, else once the waiters before it were served. A waiter is woken, all in
+    arrival order, by :meth:`pump` (an endpoint's request ended: a slot is free) and the
+    head of the queue also every :data:`SLOT_POLL_S`; each woken one calls ``room()`` again
+    and keeps its place when there is still none. The caller must take the slot it is
+    given (``EndpointState.lease``) before it awaits anything.
+
+    Parameters
+    ----------
+    timeout_s : float
+        longest wait, seconds; then :class:`Refused` (``instance cap``).
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._waiters: deque[_SlotWaiter] = deque()
+        #: counters for metrics and tests: requests that waited, refused after timeout_s
+        self.waited = 0
+        self.refused = 0
+        self._wait_ewma_s = 0.0
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    def pump(self) -> None:
+        """A slot may be free: wake every waiter (they look for room in arrival order)."""
+        for w in self._waiters:
+            if not w.fut.done():
+                w.fut.set_result(None)
+
+    async def wait(self, room: Callable[[], T | None]) -> T:
+        """``room()`` once it answers (not None) and every earlier waiter was served.
+
+        Raises
+        ------
+        Refused
+            ``instance cap``: no room within ``timeout_s``.
+        asyncio.CancelledError
+            the caller was cancelled (it leaves the queue; a wake-up it got goes on).
+        """
+        if not self._waiters:
+            got = room()
+            if got is not None:
+                return got
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        deadline = t0 + self.timeout_s
+        w = _SlotWaiter(loop.create_future())
+        self._waiters.append(w)
+        self.waited += 1
+        try:
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    self.refused += 1
+                    raise Refused("instance cap", self.retry_after_s())
+                done, _ = await asyncio.wait((w.fut,), timeout=min(left, SLOT_POLL_S))
+                if not done and self._waiters[0] is not w:
+                    continue             # not the head: wait for a wake-up
+                got = room()
+                if got is not None:
+                    waited = loop.time() - t0
+                    self._wait_ewma_s += 0.2 * (waited - self._wait_ewma_s)
+                    return got
+                w.fut = loop.create_future()
+        finally:
+            self._waiters.remove(w)
+            if self._waiters:   # the next ones may have room now (a wake-up passes on)
+                self.pump()
+
+    def retry_after_s(self) -> int:
+        """Seconds a refused client should wait: the recent wait for a slot, 1 s at least."""
+        return max(1, math.ceil(self._wait_ewma_s))

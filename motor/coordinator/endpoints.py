@@ -43,6 +43,7 @@ from prometheus_client import Gauge
 
 from motor.config.schema import BreakerConfig, ControlPlaneTlsConfig, EngineKind, Role
 from motor.coordinator import metrics
+from motor.coordinator.admission import SlotQueue
 from motor.coordinator.breaker import CLOSED, HALF_OPEN, Breaker
 from motor.coordinator.controller_poll import controller_client, follow_controller
 from motor.coordinator.loadtable import LoadCell
@@ -67,13 +68,22 @@ class EndpointState:
                  "inflight_tokens", "inflight_prefill_tokens", "inflight_decode_tokens", "pool",
                  "kv_events", "bootstrap_port", "waiting", "_gauge", "shared", "max_model_len",
                  "learned", "timing", "scheme", "https", "tls_ok", "tls_error",
-                 "instance_ready", "tls_check")
+                 "instance_ready", "tls_check", "own_max_inflight", "max_inflight", "on_free")
 
     def __init__(self, instance_id: str, model: str | None, role: Role, host: str, port: int,
                  dp_rank: int, pool: Pool, engine: EngineKind | None = None,
                  kv_events: str | None = None, bootstrap_port: int | None = None,
-                 breaker: BreakerConfig | None = None, scheme: str = "http") -> None:
+                 breaker: BreakerConfig | None = None, scheme: str = "http",
+                 max_inflight: int | None = None) -> None:
         self.instance_id = instance_id
+        #: the instance's own cap (``InstanceSpec.max_inflight``), None: none of its own
+        self.own_max_inflight = max_inflight
+        #: requests in flight here at most, the whole coordinator (own cap, else
+        #: ``admission.max_inflight_per_instance``); 0 = no cap (:meth:`EndpointTable.caps`)
+        self.max_inflight = max_inflight or 0
+        #: called when a request here ends while the endpoint has a cap (wakes the waiters
+        #: for a slot, :class:`motor.coordinator.admission.SlotQueue`); None without a cap
+        self.on_free: Callable[[], None] | None = None
         self.key = f"{instance_id}#{dp_rank}"
         self.model = model
         self.models: set[str] = {model} if model else set()
@@ -166,6 +176,24 @@ class EndpointState:
             self._gauge.dec()
         if self.breaker.state == HALF_OPEN:
             self.breaker.probe_done()
+        if self.on_free is not None:
+            self.on_free()
+
+    def inflight_total(self) -> int:
+        """Requests in flight here, the whole coordinator's (summed over the workers' rows
+        of the shared load table when ``coordinator.workers`` > 1)."""
+        sh = self.shared
+        return self.inflight if sh is None else sh.totals()[0]
+
+    def engine_waiting(self, now: float, max_age_s: float) -> float:
+        """Requests the engine last reported waiting (the multi-worker scrape of its
+        /metrics into the shared load table); 0 when not scraped, or scraped more than
+        ``max_age_s`` seconds before ``now`` (unix seconds)."""
+        sh = self.shared
+        if sh is None:
+            return 0.0
+        waiting, _, _, scraped_at = sh.table.read_engine(sh.slot)
+        return waiting if now - scraped_at <= max_age_s else 0.0
 
     def lease(self, tokens: int = 0, prefill_tokens: int = 0, decode_tokens: int = 0
               ) -> Lease:
@@ -295,6 +323,51 @@ class EndpointTable:
         self.adapters: set[str] = set()
         #: endpoint keys whose scheme is unknown (logged once each)
         self._unknown_schemes: set[str] = set()
+        #: per-instance caps and shedding (:meth:`configure_caps`, :meth:`with_room`)
+        self.default_max_inflight = 0
+        self.shed_waiting = 0
+        self.engine_max_age_s = 5.0
+        self.slots = SlotQueue(30.0)
+        #: whether :meth:`with_room` has anything to do (an endpoint with a cap, or
+        #: shedding on): the request path skips it otherwise
+        self.gated = False
+
+    def configure_caps(self, default_max_inflight: int, shed_waiting: int, wait_s: float,
+                       engine_max_age_s: float = 5.0) -> None:
+        """Per-instance caps: ``default_max_inflight`` for endpoints without one of their own
+        (0 = none), ``shed_waiting`` engine-reported waiting requests that make an endpoint
+        skipped while another has fewer (0 = off), ``wait_s`` the longest wait for a slot,
+        ``engine_max_age_s`` the oldest engine figures believed."""
+        self.default_max_inflight = default_max_inflight
+        self.shed_waiting = shed_waiting
+        self.slots.timeout_s = wait_s
+        self.engine_max_age_s = engine_max_age_s
+        for ep in self.endpoints.values():
+            self._cap(ep)
+        self._gate()
+
+    def _cap(self, ep: EndpointState) -> None:
+        ep.max_inflight = ep.own_max_inflight or self.default_max_inflight
+        ep.on_free = self.slots.pump if ep.max_inflight else None
+
+    def _gate(self) -> None:
+        self.gated = self.shed_waiting > 0 or any(e.max_inflight for e in self.endpoints.values())
+
+    def with_room(self, cands: list[EndpointState]) -> list[EndpointState] | None:
+        """The candidates below their cap (:attr:`EndpointState.max_inflight`, counted over
+        the whole coordinator), None when there is none; with ``shed_waiting``, those whose
+        engine reports fewer waiting requests than that, when any does."""
+        out = [e for e in cands if not e.max_inflight or e.inflight_total() < e.max_inflight]
+        if not out:
+            return None
+        shed = self.shed_waiting
+        if shed and len(out) > 1:
+            now = time.time()
+            age = self.engine_max_age_s
+            calm = [e for e in out if e.engine_waiting(now, age) < shed]
+            if calm:
+                out = calm
+        return out
 
     def configure_breakers(self, cfg: BreakerConfig) -> None:
         """Breaker settings for every endpoint, present and future."""
@@ -303,6 +376,7 @@ class EndpointTable:
             ep.breaker.configure(cfg.failure_threshold, cfg.open_s, cfg.open_max_s)
 
     def _rebuild(self) -> None:
+        self._gate()
         by_role: dict[Role, list[EndpointState]] = {r: [] for r in Role}
         for ep in sorted(self.endpoints.values(), key=lambda e: e.key):
             by_role[ep.role].append(ep)
@@ -376,6 +450,7 @@ class EndpointTable:
                                kv_events=kv_events.get(f"http://{host}:{port}")
                                or kv_events.get(f"{scheme}://{host}:{port}"),
                                breaker=self.breaker_cfg, scheme=scheme)
+            self._cap(ep)
             ep.ready = True
             self.endpoints[ep.key] = ep
         self._rebuild()
@@ -442,6 +517,9 @@ class EndpointTable:
                                 ep.model)
                     ep.model = inst.model
                     ep.set_learned(ep.learned)
+                if ep.own_max_inflight != inst.max_inflight:
+                    ep.own_max_inflight = inst.max_inflight
+                    self._cap(ep)
                 ep.instance_ready = inst.state == InstanceState.READY
                 if ep.https and not ep.instance_ready:
                     ep.tls_ok = False     # verified again when the instance comes back
@@ -482,7 +560,8 @@ class EndpointTable:
         ep = EndpointState(inst.id, inst.model, inst.role, spec.host, spec.port, spec.dp_rank,
                            self.client.pool(spec.host, spec.port), inst.engine,
                            inst.kv_events, inst.bootstrap_port, self.breaker_cfg,
-                           scheme=spec.scheme)
+                           scheme=spec.scheme, max_inflight=inst.max_inflight)
+        self._cap(ep)
         ep.tls_error = tls_error
         return ep
 

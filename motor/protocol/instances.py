@@ -37,6 +37,10 @@ it and would speak plain HTTP to an HTTPS engine, so coordinators are upgraded b
 get ``tls``. A coordinator routes no endpoint with a scheme it does not know (kept visible in
 the table, logged), rather than guessing.
 
+Added for issue 17 (per-instance caps): ``InstanceSpec.max_inflight`` (optional, null = no
+cap of the instance's own). An old node manager sends none (the coordinator's
+``admission.max_inflight_per_instance`` applies, 0 = none); an old coordinator ignores it.
+
 Heartbeat semantics: ``health[id] = true`` -> ``ready``; ``false`` -> ``unhealthy`` for a
 ``ready`` instance while a ``starting`` one stays ``starting`` (the engine is still coming
 up) unless the id is also in ``failed`` (the node manager gave up on it).
@@ -122,6 +126,11 @@ class InstanceSpec(_Wire):
     dp_size: int = Field(1, ge=1, le=MAX_RANKS, description="data-parallel ranks of the instance")
     tp_size: int = Field(1, ge=1, le=MAX_RANKS, description="tensor-parallel size of each rank")
     kv_transfer: KvTransfer | None = Field(None, description="KV connector of a PD instance")
+    max_inflight: int | None = Field(
+        None, ge=1, description="requests a coordinator sends each endpoint of the instance at "
+                                "once at most (the engine's own limit: config "
+                                "engines[].max_inflight, else vLLM / sim max_num_seqs, SGLang "
+                                "max_running_requests); null = no cap of its own")
     metaserver: bool = Field(
         False, description="the engine's KV connector speaks the decode-first metaserver protocol "
                            "(vLLM-Ascend MooncakeLayerwiseConnector): a decode request carries "

@@ -261,6 +261,10 @@ class Engine:
         self.num_preemptions = 0
         self.num_prefix_queries = 0
         self.num_prefix_hits = 0
+        #: high-water marks: sequences in the running batch, and sequences held at once
+        #: (running + waiting: what a gateway's per-instance cap bounds)
+        self.max_running = 0
+        self.max_held = 0
 
     # -- control ------------------------------------------------------------------------
     def start(self) -> None:
@@ -308,6 +312,9 @@ class Engine:
     def submit(self, req: EngineRequest) -> None:
         for s in req.seqs:
             self.waiting.append(s)
+        held = len(self.waiting) + len(self.running)
+        if held > self.max_held:
+            self.max_held = held
         req.num_unfinished = len(req.seqs)
         if not req.seqs:
             req.done = True
@@ -487,6 +494,8 @@ class Engine:
                 scheduled.append((s, num_new))
                 budget -= num_new
                 n_prefill += num_new
+        if len(running) > self.max_running:
+            self.max_running = len(running)
         return scheduled, n_prefill, n_decode
 
     def _apply(self, scheduled: list[tuple[Sequence, int]], now: float) -> None:
@@ -613,6 +622,8 @@ class Engine:
         return {
             "running": len(self.running),
             "waiting": len(self.waiting),
+            "max_running": self.max_running,
+            "max_held": self.max_held,
             "finished": self.num_finished,
             "aborted": self.num_aborted,
             "preemptions": self.num_preemptions,

@@ -55,7 +55,8 @@ class Settings:
                  "max_attempts", "backoff_s", "backoff_max_s", "retry_statuses",
                  "token_ids_mode", "failover_on", "max_continuations", "prefill_timeout_s",
                  "fallback_to_union", "checks_keys", "env_keys", "worker_auth",
-                 "forward_client_auth", "observe")
+                 "forward_client_auth", "observe", "max_inflight_per_instance", "shed_waiting",
+                 "slot_wait_s", "engine_max_age_s")
 
     def __init__(self, cfg: CoordinatorConfig, env: dict[str, str] | os._Environ[str] | None
                  = None) -> None:
@@ -87,6 +88,12 @@ class Settings:
         self.forward_client_auth: bool = not self.checks_keys and self.worker_auth is None
         #: tracing or the access log is on: requests carry an Obs (motor.coordinator.observe)
         self.observe: bool = cfg.tracing.enabled or cfg.access_log
+        # per-instance caps and shedding on the engines' queue (EndpointTable.configure_caps)
+        a = cfg.admission
+        self.max_inflight_per_instance: int = a.max_inflight_per_instance
+        self.shed_waiting: int = a.shed_waiting
+        self.slot_wait_s: float = a.queue_timeout_s
+        self.engine_max_age_s: float = cfg.kv.ttft.engine_figures_max_age_s
 
     def backoff_delay_s(self, attempt: int) -> float:
         """Wait before attempt ``attempt`` (0-based): 0, then ``backoff_s`` doubling, capped

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from motor.config.schema import Role
 from motor.coordinator import metrics
+from motor.coordinator.admission import Refused
 from motor.coordinator.endpoints import EndpointState, EndpointTable, Lease, Waiting
 from motor.coordinator.observe import Obs
 from motor.coordinator.policy import Policy, RequestInfo
@@ -64,13 +66,20 @@ class Load:
 
 
 class Fail:
-    """No engine answer to pass on: motor answers ``status`` with an OpenAI error."""
+    """No engine answer to pass on: motor answers ``status`` with an OpenAI error
+    (``retry_after_s``: with a ``Retry-After`` header)."""
 
-    __slots__ = ("status", "message")
+    __slots__ = ("status", "message", "retry_after_s")
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after_s: int | None = None) -> None:
         self.status = status
         self.message = message
+        self.retry_after_s = retry_after_s
+
+    def headers(self, base: Headers) -> Headers:
+        if self.retry_after_s is None:
+            return base
+        return base + ((b"retry-after", b"%d" % self.retry_after_s),)
 
 
 class Whole:
@@ -151,6 +160,8 @@ class UnionPath(RequestPath):
         self.s = settings
         self.table = table
         self.policy = policy
+        table.configure_caps(settings.max_inflight_per_instance, settings.shed_waiting,
+                             settings.slot_wait_s, settings.engine_max_age_s)
 
     def handle(self, route: Route, req: Request, resp: Response,
                p: Parsed | None = None) -> Awaitable[object]:
@@ -207,7 +218,7 @@ class UnionPath(RequestPath):
             metrics.CLIENT_DISCONNECTS.labels("before_answer").inc()
             raise
         if isinstance(res, Fail):
-            route.fail(resp, res.status, res.message, p.rid_header)
+            route.fail(resp, res.status, res.message, res.headers(p.rid_header))
             return res
         if isinstance(res, Whole):
             self._answer_whole(route, p, resp, res)
@@ -265,6 +276,17 @@ class UnionPath(RequestPath):
                 self.table.candidates(load.role, info.model)
             if not candidates:
                 break
+            if self.table.gated:
+                room = self.table.with_room(candidates) if not self.table.slots.queued \
+                    else None
+                try:
+                    candidates = room if room is not None else \
+                        await self._wait_room(load.role, info.model)
+                except Refused as e:
+                    return Fail(503, f"every instance that can serve the request is at its "
+                                     f"limit of requests in flight ({e.reason}, waited "
+                                     f"{self.table.slots.timeout_s:g} s); please retry after "
+                                     f"{e.retry_after_s} s", math.ceil(e.retry_after_s))
             if obs is None:
                 ep = self.policy.pick(candidates, info, tried)
             else:
@@ -293,6 +315,14 @@ class UnionPath(RequestPath):
             return last_answer
         return Fail(502 if n_tried else 503,
                     f"no engine could take the request after {n_tried} attempt(s): {last_error}")
+
+    def _wait_room(self, role: Role, model: str | None) -> Awaitable[list[EndpointState]]:
+        """Every candidate is at its cap (or others wait already): wait, in arrival order,
+        for candidates with room (:meth:`EndpointTable.with_room`, re-read as endpoints come
+        and go and requests end). The caller picks and leases before it awaits anything
+        else. Raises :class:`Refused` after ``admission.queue_timeout_s``."""
+        table = self.table
+        return table.slots.wait(lambda: table.with_room(table.candidates(role, model)))
 
     async def _traced_attempt(self, obs: Obs, leg: str, attempt: int, ep: EndpointState,
                               path: bytes, body: bytes, fwd: list[tuple[bytes, bytes]],

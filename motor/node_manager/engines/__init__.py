@@ -186,6 +186,30 @@ class PartPlan:
         return self.node_rank == 0
 
 
+#: the ``engine_config`` key of each kind's own limit on requests it runs at once (vLLM
+#: ``--max-num-seqs``, vllm/engine/arg_utils.py; SGLang ``--max-running-requests``,
+#: sglang/srt/server_args.py; ``motor sim --max-num-seqs``); pinned by
+#: tests/unit/coordinator/test_instance_caps.py
+ENGINE_LIMIT_KEYS = {EngineKind.VLLM: "max_num_seqs", EngineKind.SGLANG: "max_running_requests",
+                     EngineKind.SIM: "max_num_seqs"}
+
+
+def engine_limit(engine: EngineConfig) -> int | None:
+    """Requests one endpoint of ``engine`` should get at once at most (``InstanceSpec.
+    max_inflight``): ``engines[].max_inflight`` when set, else the engine's own limit from
+    ``engine_config`` (:data:`ENGINE_LIMIT_KEYS`) when it is a positive integer, else None
+    (no cap: the engine's default is not assumed)."""
+    if engine.max_inflight is not None:
+        return engine.max_inflight
+    key = ENGINE_LIMIT_KEYS.get(engine.kind)
+    v = engine.flag_value(key) if key is not None else None
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v)
+    return v if isinstance(v, int) and v >= 1 else None
+
+
 @dataclass(frozen=True)
 class InstancePlan:
     """What the node manager runs and registers for one instance."""
@@ -207,7 +231,8 @@ class InstancePlan:
                             kv_events=self.kv_events, bootstrap_port=self.bootstrap_port,
                             healthy=healthy, dp_size=self.engine.dp_size,
                             tp_size=self.engine.tp_size, kv_transfer=kv,
-                            metaserver=kv is not None and kv.connector in METASERVER_CONNECTORS)
+                            metaserver=kv is not None and kv.connector in METASERVER_CONNECTORS,
+                            max_inflight=engine_limit(self.engine))
 
 
     def part_info(self, epoch: int = 0) -> InstancePart:

@@ -31,7 +31,7 @@ def test_vllm_decode_registration_payload() -> None:
         "dp_size": 2, "tp_size": 4,
         "kv_transfer": {"connector": "NixlConnector", "role": "kv_both", "engine_id": "n0/e/0",
                         "kv_port": None},
-        "metaserver": False}
+        "max_inflight": None, "metaserver": False}
 
 
 def test_metaserver_connector_from_config_and_union_has_none() -> None:
