@@ -16,22 +16,15 @@ import time
 
 import pytest
 
-from tests.support.ha_cluster import HaCluster
+from tests.support.ha_cluster import HaCluster, running
 
 pytestmark = pytest.mark.etcd
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = HaCluster(tmp_path_factory.mktemp("ha"))
-    try:
-        c.start()
+    with running(tmp_path_factory.mktemp("ha")) as c:
         yield c
-    except BaseException:
-        print(c.logs_tail())
-        raise
-    finally:
-        c.close()
 
 
 def _no_failures(summary: dict, c: HaCluster) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.ha_cluster import HaCluster
+from tests.support.ha_cluster import HaCluster, running
 
 pytestmark = pytest.mark.etcd
 
@@ -28,16 +28,9 @@ SHARED = ["--dataset", "shared-prefix", "--num-groups", "8", "--prefix-len", "51
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = HaCluster(tmp_path_factory.mktemp("life"), policy="kv_affinity",
-                  sim_config={"enable_prompt_tokens_details": True})
-    try:
-        c.start()
+    with running(tmp_path_factory.mktemp("life"), policy="kv_affinity",
+                 sim_config={"enable_prompt_tokens_details": True}) as c:
         yield c
-    except BaseException:
-        print(c.logs_tail())
-        raise
-    finally:
-        c.close()
 
 
 def _received(c: HaCluster, iid: str) -> int | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 import signal
 import subprocess
 import sys
@@ -252,3 +254,18 @@ class HaCluster:
                     pass
                 p.wait(10)
         self.etcd.close()
+
+
+@contextmanager
+def running(tmp: Path, **kw: Any) -> Iterator[HaCluster]:
+    """A started :class:`HaCluster` (``kw`` as its constructor's), its logs printed if
+    anything fails, every process stopped at the end (a module fixture's body)."""
+    c = HaCluster(tmp, **kw)
+    try:
+        c.start()
+        yield c
+    except BaseException:
+        print(c.logs_tail())
+        raise
+    finally:
+        c.close()
