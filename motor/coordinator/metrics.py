@@ -302,6 +302,15 @@ ADMISSION_QUEUED = Gauge(
     "motor_coordinator_admission_queue_requests",
     "Requests waiting in this worker's admission queue.", registry=REGISTRY,
     multiprocess_mode="livesum")
+INSTANCE_CAP_WAITS = Counter(
+    "motor_coordinator_instance_cap_waits",
+    "Requests that found every candidate instance at its limit of requests in flight "
+    "(InstanceSpec.max_inflight / admission.max_inflight_per_instance) and waited for a slot.",
+    registry=REGISTRY)
+INSTANCE_CAP_REFUSALS = Counter(
+    "motor_coordinator_instance_cap_refusals",
+    "Requests answered 503 after waiting admission.queue_timeout_s for a slot on a capped "
+    "instance.", registry=REGISTRY)
 ADMISSION_WAIT = Histogram(
     "motor_coordinator_admission_wait_seconds",
     "Time admitted requests waited in the admission queue, by class.", ["class"],

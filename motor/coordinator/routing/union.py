@@ -280,9 +280,12 @@ class UnionPath(RequestPath):
                 room = self.table.with_room(candidates) if not self.table.slots.queued \
                     else None
                 try:
-                    candidates = room if room is not None else \
-                        await self._wait_room(load.role, info.model)
+                    if room is None:
+                        metrics.INSTANCE_CAP_WAITS.inc()
+                        room = await self._wait_room(load.role, info.model)
+                    candidates = room
                 except Refused as e:
+                    metrics.INSTANCE_CAP_REFUSALS.inc()
                     return Fail(503, f"every instance that can serve the request is at its "
                                      f"limit of requests in flight ({e.reason}, waited "
                                      f"{self.table.slots.timeout_s:g} s); please retry after "
