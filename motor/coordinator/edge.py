@@ -77,7 +77,8 @@ def tls_contexts(c: CoordinatorConfig, https_backends: bool = False) -> tuple[
     srv = reloader = None
     t = c.tls
     if t is not None:
-        srv = server_context(t.cert_file, t.key_file, t.key_password_file, t.client_ca_file)
+        srv = server_context(t.cert_file, t.key_file, t.key_password_file, t.client_ca_file,
+                             host=c.host)
         reloader = CertReloader(srv, t.cert_file, t.key_file, t.key_password_file,
                                 t.client_ca_file)
     u = c.upstream_tls

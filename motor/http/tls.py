@@ -9,6 +9,9 @@
   connections are not dropped.
 * :func:`client_context`: HTTPS to engines: a CA bundle (default: the system's), verification
   on unless turned off, an optional client certificate.
+* :func:`check_certificate`: the served certificate's dates (expired or not yet valid: an
+  error at start and on a reload; expiring within :data:`EXPIRY_WARNING_DAYS`: a warning) and
+  whether its names cover the listen host (a warning); read with ``cryptography``.
 
 Errors are :class:`motor.errors.ConfigError` naming the config field and the file.
 """
@@ -93,17 +96,84 @@ load_chain = _load_chain
 load_ca = _load_ca
 
 
-def server_context(cert_file: str, key_file: str | None = None,
-                   key_password_file: str | None = None, client_ca_file: str | None = None,
-                   field: str = "coordinator.tls") -> ssl.SSLContext:
-    """A server-side context: TLS >= 1.2, the chain of ``cert_file`` (PEM, leaf first) with
-    ``key_file`` (PEM; default: in ``cert_file``), mTLS when ``client_ca_file`` is given.
+#: a served certificate that expires within this many days is logged at WARNING (start, reload)
+EXPIRY_WARNING_DAYS = 14
+
+
+def check_certificate(cert_file: str, field: str, host: str | None = None,
+                      now: float | None = None) -> list[str]:
+    """The leaf certificate of ``cert_file`` (PEM, first block) checked for serving: returns
+    warnings (expiring within :data:`EXPIRY_WARNING_DAYS`; ``host``, when given and not a
+    wildcard address, not among its subject alternative names or common name).
 
     Raises
     ------
     ConfigError
-        naming ``field`` and the file that is missing or does not load.
+        ``<field>.cert_file: the certificate ... expired on <date>`` / ``is not valid before
+        <date>``, or a file whose first block is not a certificate.
     """
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+    try:
+        with open(cert_file, "rb") as f:
+            cert = x509.load_pem_x509_certificate(f.read())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{field}.cert_file: expected a PEM certificate, got {cert_file!r} "
+                          f"({e})") from None
+    t = datetime.datetime.fromtimestamp(now, datetime.UTC) if now is not None \
+        else datetime.datetime.now(datetime.UTC)
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    if t > end:
+        raise ConfigError(f"{field}.cert_file: expected a certificate valid now, got one that "
+                          f"expired on {end:%Y-%m-%d %H:%M} UTC ({cert_file!r})")
+    if t < start:
+        raise ConfigError(f"{field}.cert_file: expected a certificate valid now, got one not "
+                          f"valid before {start:%Y-%m-%d %H:%M} UTC ({cert_file!r}; the "
+                          f"clock, or a certificate issued for later)")
+    out = []
+    if end - t < datetime.timedelta(days=EXPIRY_WARNING_DAYS):
+        out.append(f"{field}.cert_file: the certificate expires on {end:%Y-%m-%d %H:%M} UTC, "
+                   f"in {(end - t).days} day(s) ({cert_file!r})")
+    if host and host not in ("0.0.0.0", "::"):
+        names: set[str] = set()
+        try:
+            san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            names |= {n.lower() for n in san.get_values_for_type(x509.DNSName)}
+            names |= {str(a) for a in san.get_values_for_type(x509.IPAddress)}
+        except x509.ExtensionNotFound:
+            pass
+        names |= {str(a.value).lower() for a in
+                  cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)}
+        try:
+            want = str(ipaddress.ip_address(host))
+        except ValueError:
+            want = host.lower().rstrip(".")
+        wild = "*." + want.split(".", 1)[1] if "." in want else None
+        if want not in names and (wild is None or wild not in names):
+            out.append(f"{field}.cert_file: the certificate names {sorted(names) or 'nothing'}, "
+                       f"not the listen host {host!r}: clients that connect by that name will "
+                       f"refuse it")
+    return out
+
+
+def server_context(cert_file: str, key_file: str | None = None,
+                   key_password_file: str | None = None, client_ca_file: str | None = None,
+                   field: str = "coordinator.tls", host: str | None = None) -> ssl.SSLContext:
+    """A server-side context: TLS >= 1.2, the chain of ``cert_file`` (PEM, leaf first) with
+    ``key_file`` (PEM; default: in ``cert_file``), mTLS when ``client_ca_file`` is given. The
+    certificate's dates and names are checked (:func:`check_certificate`; warnings logged).
+
+    Raises
+    ------
+    ConfigError
+        naming ``field`` and the file that is missing or does not load, or a certificate
+        that is expired or not valid yet.
+    """
+    for w in check_certificate(cert_file, field, host) if os.path.isfile(cert_file) else ():
+        logger.warning("%s", w)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_alpn_protocols(["http/1.1"])
@@ -180,6 +250,8 @@ class CertReloader:
             scratch = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             _load_chain(scratch, self.cert_file, self.key_file, self.key_password_file,
                         self.field)
+            for w in check_certificate(self.cert_file, self.field):  # expired: not loaded
+                logger.warning("%s", w)
             if self.client_ca_file:
                 _load_ca(scratch, self.client_ca_file, f"{self.field}.client_ca_file")
             _load_chain(self.ctx, self.cert_file, self.key_file, self.key_password_file,
