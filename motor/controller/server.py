@@ -128,6 +128,8 @@ class ControllerServer:
         #: is known)
         self.ha: Leadership | None = None
         self._flush_lock = asyncio.Lock()
+        #: the engines' /metrics scraper (made on the first /metrics/engines or /v1/engines)
+        self._engines: engine_metrics.EngineScraper | None = None
         #: drains of spanning instances under way (kept referenced until done)
         self._drains: set[asyncio.Task[None]] = set()
 
@@ -598,10 +600,9 @@ class ControllerServer:
     # ------------------------------------------- engines' figures, the cluster page
     def _engine_scraper(self) -> engine_metrics.EngineScraper:
         """The scraper of :mod:`motor.controller.engine_metrics`, made on first use."""
-        s: engine_metrics.EngineScraper | None = getattr(self, "_engines", None)
-        if s is None:
-            s = self._engines = engine_metrics.EngineScraper(lambda: self.registry.table())
-        return s
+        if self._engines is None:
+            self._engines = engine_metrics.EngineScraper(lambda: self.registry.table())
+        return self._engines
 
     async def _engine_metrics(self, req: Request, resp: Response) -> None:
         """``GET /metrics/engines``: the engines' /metrics with instance labels (leader)."""

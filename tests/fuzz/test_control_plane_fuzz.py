@@ -431,6 +431,18 @@ def path_variants(path: str) -> st.SearchStrategy[str]:
 
 
 # ------------------------------------------------------------------------------ the tests
+def draw_request(data: st.DataObject, routes: list[tuple[str, str]]
+                 ) -> tuple[str, str, bytes | None, str | None]:
+    """(method, target, body, content type) for one of ``routes``: its method or any, a
+    variant of its path (a prefix route's tail drawn), any query string, any body."""
+    method, path = data.draw(st.sampled_from(routes), "route")
+    method = data.draw(st.just(method) | methods, "method")
+    path = data.draw(path_variants(concrete(data, path)), "path")
+    target = path + data.draw(query_strings(), "query")
+    body = data.draw(st.none() | bodies(junk), "body")
+    return method, target, body, data.draw(content_types, "ctype")
+
+
 def fuzz_one(port: int, method: str, target: str, body: bytes | None, ctype: str | None,
              stateful: bool) -> int:
     before = bg().call(snapshot) if stateful else None
@@ -528,13 +540,7 @@ def test_regressions_answer_400_naming_the_field(path: str, body: Any, words: li
 @given(st.data())
 def test_controller_any_route_any_request(data: st.DataObject) -> None:
     """Every route (and variants of its path) with any method, query string and body."""
-    method, path = data.draw(st.sampled_from(controller_routes()), "route")
-    method = data.draw(st.just(method) | methods, "method")
-    path = data.draw(path_variants(concrete(data, path)), "path")
-    target = path + data.draw(query_strings(), "query")
-    body = data.draw(st.none() | bodies(junk), "body")
-    fuzz_one(bg().ctrl.port or 0, method, target, body, data.draw(content_types, "ctype"),
-             stateful=True)
+    fuzz_one(bg().ctrl.port or 0, *draw_request(data, controller_routes()), stateful=True)
 
 
 @settings(SETTINGS, max_examples=100)
@@ -567,13 +573,7 @@ def test_controller_sequences_then_valid_use(steps: list[tuple[str, bytes]]) -> 
 @given(st.data())
 def test_node_manager_any_route_any_request(data: st.DataObject) -> None:
     """The node manager's management API: every route, any method / path / query / body."""
-    method, path = data.draw(st.sampled_from(agent_routes()), "route")
-    method = data.draw(st.just(method) | methods, "method")
-    path = data.draw(path_variants(concrete(data, path)), "path")
-    target = path + data.draw(query_strings(), "query")
-    body = data.draw(st.none() | bodies(junk), "body")
-    fuzz_one(bg().agent.mgmt_port or 0, method, target, body, data.draw(content_types, "ctype"),
-             stateful=False)
+    fuzz_one(bg().agent.mgmt_port or 0, *draw_request(data, agent_routes()), stateful=False)
     bg().call(lambda: orjson.dumps(bg().agent.status()))
 
 

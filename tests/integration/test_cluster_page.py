@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.procs import free_ports
+from tests.support.procs import free_ports, stop
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -83,20 +83,6 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-m", "motor", *args], stdout=f,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-
-
-def _stop(p: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
-    """SIGTERM to the process group, SIGKILL after ``timeout_s``."""
-    if p.poll() is not None:
-        return
-    try:
-        os.killpg(p.pid, signal.SIGTERM)
-        p.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-    except ProcessLookupError:
-        p.wait()
 
 
 def _rows(driver: Any) -> dict[str, dict[str, str]]:
@@ -257,6 +243,6 @@ def test_the_page_follows_an_engine_killed_and_restarted_without_a_reload(tmp_pa
             load.close()
         if driver is not None:
             driver.quit()
-        _stop(up, 30)
+        stop(up, 30)
     assert up.returncode == 0, (tmp_path / "up.log").read_text()[-3000:]
     assert load is not None and load.sent > 0

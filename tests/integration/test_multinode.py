@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from tests.support import netns
+from tests.support.procs import stop_all as procs_stop_all
 
 pytestmark = pytest.mark.netns
 
@@ -123,21 +124,8 @@ def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:   # node managers first (they stop their engines), then the rest
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(10)
+    """Node managers first in the list (they stop their engines), then the rest."""
+    procs_stop_all(procs, 20.0)
 
 
 STOPPED = re.compile(rb"motor sim: stopped; requests by DP rank: ((?:\d+=\d+ ?)+); refused "

@@ -89,6 +89,26 @@ def stop(p: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
             p.wait()
 
 
+def stop_all(procs: list[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
+    """SIGTERM to every process group at once, then wait for each; SIGKILL to a group still
+    there after ``timeout_s`` (several components stop in parallel, in the list's order)."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(10)
+
+
 def read_line_with(proc: subprocess.Popen[bytes], needle: bytes, timeout_s: float) -> bytes:
     """Read ``proc``'s stdout line by line until one holds ``needle`` (that line), EOF or
     ``timeout_s`` (the last line read, maybe empty)."""
