@@ -49,6 +49,9 @@ import aiohttp
 
 PY = sys.executable
 KEYS = {"interactive": "sk-overload-interactive", "batch": "sk-overload-batch"}
+#: refusal reasons as the coordinator's 503 message words them (motor/coordinator/edge.py)
+REASONS = {"queue full": "queue full", "displaced": "displaced",
+           "queue timeout": "queue timeout", "predicted not to serve": "predicted wait"}
 
 
 # -- processes ----------------------------------------------------------------------------
@@ -125,7 +128,10 @@ def coordinator_config(a: argparse.Namespace, max_in_flight: int) -> dict[str, A
                             "batch": {"priority": "batch", "weight": 1}}},
         "admission": {"max_in_flight": max_in_flight, "max_queue": a.max_queue,
                       "queue_timeout_s": a.queue_timeout,
-                      "classes": ["interactive", "batch"]},
+                      "classes": ["interactive", "batch"],
+                      "max_wait_s": {c: w for c, w in (("interactive", a.interactive_max_wait),
+                                                      ("batch", a.batch_max_wait)) if w},
+                      "predict": not a.no_predict},
     }}
 
 
@@ -168,8 +174,7 @@ async def one(session: aiohttp.ClientSession, url: str, key: str, body: bytes,
                     r.terminal = 1
                 except (ValueError, KeyError, TypeError):
                     msg = raw[:200].decode("latin-1")
-                r.reason = next((w for w in ("queue full", "displaced", "queue timeout")
-                                 if w in msg), msg[:80])
+                r.reason = next((v for w, v in REASONS.items() if w in msg), msg[:80])
                 return
             async for line in resp.content:
                 if not line.startswith(b"data: "):
@@ -287,7 +292,7 @@ def key_figures(ph: Phase, key: str) -> dict[str, Any]:
                 k += f" {r.reason}"
             by_status[k] = by_status.get(k, 0) + 1
     lat = {why: [r.end_s for r in refused if r.reason == why]
-           for why in ("queue full", "displaced", "queue timeout")}
+           for why in REASONS.values()}
     ttft = [r.ttft_s for r in rs if r.status == 200 and r.ttft_s is not None]
     return {
         "offered": len(rs),
@@ -427,7 +432,9 @@ def report(res: dict[str, Any]) -> None:
     print(f"\n2 sims x max-num-seqs {s['max_num_seqs']}, time-scale {s['time_scale']:g}, "
           f"prompt {s['prompt_len']} / output {s['output_len']} tokens; admission "
           f"max_in_flight {res['max_in_flight']}, max_queue {s['max_queue']}, queue_timeout_s "
-          f"{s['queue_timeout']:g}; capacity {res['capacity_req_per_s']:.1f} req/s measured "
+          f"{s['queue_timeout']:g}, max_wait_s interactive {s['interactive_max_wait']:g} / "
+          f"batch {s['batch_max_wait']:g} (0 = queue_timeout_s), predict "
+          f"{not s['no_predict']}; capacity {res['capacity_req_per_s']:.1f} req/s measured "
           f"(closed loop), {res['served_req_per_s']:.1f} served under overload; offered "
           f"{res['offered_req_per_s']:.0f} req/s ({s['load_factor']:g}x) for "
           f"{res['overload_s']:.1f} s, interactive share {s['interactive_share']:g}; unloaded "
@@ -472,6 +479,13 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--max-queue", type=int, default=8, help="admission.max_queue")
     p.add_argument("--queue-timeout", type=float, default=1.0, help="admission.queue_timeout_s")
+    p.add_argument("--interactive-max-wait", type=float, default=0.025,
+                   help="admission.max_wait_s.interactive (0 = queue_timeout_s)")
+    p.add_argument("--batch-max-wait", type=float, default=0.0,
+                   help="admission.max_wait_s.batch (0 = queue_timeout_s)")
+    p.add_argument("--no-predict", action="store_true",
+                   help="admission.predict: false (refusal only when the queue is full or a "
+                        "wait ran out)")
     p.add_argument("--unloaded-s", type=float, default=8.0,
                    help="seconds of the unloaded reference (one stream per engine)")
     p.add_argument("--capacity-s", type=float, default=4.0)

@@ -48,6 +48,10 @@ def _type(ann: object) -> str:
         return _type(typing.get_args(ann)[0])
     if typing.get_origin(ann) is list:
         return f"list[{_type(typing.get_args(ann)[0])}]"
+    if typing.get_origin(ann) is dict:
+        k, v = typing.get_args(ann)
+        val = v.__name__ if isinstance(v, type) and issubclass(v, BaseModel) else _type(v)
+        return f"dict[{_type(k)}, {val}]"
     args = typing.get_args(ann)
     if typing.get_origin(ann) in (typing.Union, types.UnionType) and type(None) not in args:
         return " \\| ".join(_type(a) for a in args)

@@ -486,6 +486,18 @@ class AdmissionConfig(_Strict):
                                                            "with Retry-After")
     classes: list[str] = Field(["interactive", "batch"], min_length=1,
                                description="priority classes, highest first")
+    max_wait_s: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="class name -> its longest wait in the queue, seconds (classes not named: "
+                    "`queue_timeout_s`); an interactive class whose TTFT must stay near the "
+                    "unloaded one waits about one unloaded TTFT at most")
+    predict: bool = Field(
+        True, description="refuse at arrival (503 `predicted wait`, Retry-After = the "
+                          "prediction) a request the queue is predicted not to serve within "
+                          "its class's longest wait, from the rate requests end and the higher "
+                          "classes' demand, and keep free slots for the higher classes' "
+                          "expected demand (docs/security.md). false = strict order only: "
+                          "every queued request waits until served or its longest wait passed")
     priority_header: str = Field("x-motor-priority", pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
                                  description="request header naming a class (an HTTP field "
                                              "name, RFC 9110 token)")
@@ -1139,6 +1151,11 @@ class ClusterConfig(_Strict):
             for n, k in c.limits.keys.items()]
         for field, prio in named:
             if prio is not None and prio not in classes:
+                raise ValueError(f"{field}: expected one of coordinator.admission.classes "
+                                 f"({', '.join(classes)}), got {prio!r}")
+        named = [(f"coordinator.admission.max_wait_s.{n}", n) for n in c.admission.max_wait_s]
+        for field, prio in named:
+            if prio not in classes:
                 raise ValueError(f"{field}: expected one of coordinator.admission.classes "
                                  f"({', '.join(classes)}), got {prio!r}")
 

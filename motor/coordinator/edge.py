@@ -189,7 +189,8 @@ class Edge:
         self.admission: Admission | None = None
         if a.max_in_flight > 0:
             self.admission = Admission(a.max_in_flight, a.max_queue, a.queue_timeout_s,
-                                       a.classes, {n: k.weight for n, k in lim.keys.items()})
+                                       a.classes, {n: k.weight for n, k in lim.keys.items()},
+                                       max_wait_s=a.max_wait_s, predict=a.predict)
         self.priority_header = a.priority_header.lower().encode()
         if self.keys is not None and not cfg.api_keys_file and not env_keys.strip(", "):
             # every key is in the config: a limit naming no key is most likely a typo
@@ -305,7 +306,7 @@ class Edge:
             await handle(route, req, resp)
         finally:
             if adm is not None:
-                adm.leave()
+                adm.leave(cls)
             if tap is not None and limiter is not None:
                 used = tap.total
                 limiter.settle(name, tokens, used)
@@ -325,7 +326,9 @@ class Edge:
         if route is not None:
             route.count(503)
         why = "displaced from the queue by a request of a higher priority class" \
-            if e.reason == "displaced" else e.reason
+            if e.reason == "displaced" else \
+            "the queue is predicted not to serve this request in time" \
+            if e.reason == "predicted wait" else e.reason
         resp.send(503, error_body(503, f"The gateway is overloaded ({why}); please retry "
                                        f"after {e.retry_after_s} s."),
                   headers=((b"retry-after", b"%d" % e.retry_after_s),))

@@ -88,7 +88,8 @@ def test_queue_full_and_queue_timeout_are_refused_with_retry_after():
             await waiting
         assert late.value.reason == "queue timeout"
         assert adm.queued == 0 and adm.in_flight == 1
-        assert adm.refused == {"queue full": 1, "displaced": 0, "queue timeout": 1}
+        assert adm.refused == {"queue full": 1, "displaced": 0, "queue timeout": 1,
+                               "predicted wait": 0}
         adm.leave()
         assert adm.in_flight == 0
     run(main())
@@ -148,7 +149,8 @@ def test_full_queue_of_a_lower_class_makes_room_for_a_higher_one():
         with pytest.raises(Refused) as full:
             await adm.enter("bulk", 1)
         assert full.value.reason == "queue full"
-        assert adm.refused == {"queue full": 1, "displaced": 1, "queue timeout": 0}
+        assert adm.refused == {"queue full": 1, "displaced": 1, "queue timeout": 0,
+                               "predicted wait": 0}
         for _ in range(3):
             adm.leave()
             await asyncio.sleep(0)
