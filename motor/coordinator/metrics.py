@@ -292,7 +292,8 @@ PD_REQUESTS = Counter(
 EDGE_REQUESTS = Counter(
     "motor_coordinator_key_requests_total",
     "Inference requests by API key name (never the key) and outcome: admitted, "
-    "unauthorized, rate_limited_requests, rate_limited_tokens, queue_full, displaced, queue_timeout.",
+    "unauthorized, rate_limited_requests, rate_limited_tokens, queue_full, displaced, queue_timeout, "
+    "predicted_wait.",
     ["key", "outcome"], registry=REGISTRY)
 EDGE_TOKENS = Counter(
     "motor_coordinator_key_tokens_total",
