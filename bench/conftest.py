@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 #: runnable scripts under bench/, never collected as suites
-SCRIPTS = frozenset({"bench_kv_routing.py", "bench_kv_sweep.py"})
+SCRIPTS = frozenset({"bench_kv_routing.py", "bench_kv_sweep.py", "bench_pd_routing.py"})
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:

@@ -27,6 +27,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("coordinator.kv.events", schema.KvEventsConfig),
     ("coordinator.kv.approximate", schema.KvApproximateConfig),
     ("coordinator.pd", schema.PdConfig),
+    ("coordinator.pd.joint", schema.PdJointConfig),
+    ("coordinator.pd.joint.transfer_us_per_token", schema.PdTransferConfig),
     ("coordinator.tls", schema.TlsServerConfig),
     ("coordinator.upstream_tls", schema.TlsClientConfig),
     ("coordinator.api_keys[] (mapping form)", schema.ApiKeyConfig),

@@ -8,6 +8,7 @@ typo never silently falls back to a default; engine-specific options go in
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterator
 from enum import Enum
 from typing import Annotated, Any
@@ -374,6 +375,53 @@ class KvRoutingConfig(_Strict):
         default_factory=dict, description="per model name: overrides of `approximate`")
 
 
+class PdTransferConfig(_Strict):
+    """KV transfer time per prompt token between a prefill and a decode instance, by how
+    close they are (`pd.joint.topology`), microseconds."""
+    same_node: float = Field(0.7, ge=0, description="both on one node (NVLink / shared "
+                                                    "memory), us per token")
+    same_rack: float = Field(2.6, ge=0, description="same rack, other node (RDMA), us per "
+                                                    "token")
+    other: float = Field(5.0, ge=0, description="anywhere else, or closeness unknown, us per "
+                                                "token")
+
+
+class PdJointConfig(_Strict):
+    """Joint (prefill, decode) choice and conditional disaggregation (docs/pd.md, "Joint
+    choice")."""
+    enabled: bool = Field(False, description="choose the prefill and decode instances as a "
+                                             "pair, by one predicted cost in seconds (prefill "
+                                             "with P's cache, KV transfer, D's load); false = "
+                                             "`prefill_policy` then `decode_policy`")
+    local_prefill: bool = Field(
+        True, description="with `enabled`: a request whose prefill on a decode instance is "
+                          "predicted cheaper than prefill elsewhere + transfer (short or mostly "
+                          "cached there) goes to that decode instance alone, without "
+                          "`kv_transfer_params` (vLLM decode instances with a `kv_both` "
+                          "connector prefill it locally). Not in `pd_bootstrap` (SGLang "
+                          "decode instances need a prefill peer)")
+    stall_weight: float = Field(
+        1.0, ge=0, description="weight, in the local-prefill cost, of the stall a local "
+                               "prefill imposes on each sequence decoding on that instance "
+                               "(1 = each running sequence's delay counts as much as this "
+                               "request's TTFT; 0 = ignore the decode batch's TPOT)")
+    transfer_us_per_token: PdTransferConfig = Field(default_factory=PdTransferConfig)
+    topology: dict[str, str] = Field(
+        default_factory=dict,
+        description="where instances are: instance id, `host:port` or host -> `RACK/NODE` "
+                    "(e.g. `r1/n3`); unlisted endpoints on one host count as one node, "
+                    "others as `other`")
+
+    @field_validator("topology")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, label in v.items():
+            if not k or not re.fullmatch(r"[^/\s]+/[^/\s]+", label):
+                raise ValueError(f"topology: {k!r} -> {label!r}: expected a non-empty key and "
+                                 f"a label RACK/NODE (two non-empty parts without spaces)")
+        return v
+
+
 class PdConfig(_Strict):
     """Prefill/decode disaggregation (the `pd_*` modes; see docs/pd.md)."""
     prefill_policy: PolicyName | None = Field(
@@ -397,6 +445,7 @@ class PdConfig(_Strict):
                     "`http://<coordinator.host>:<coordinator.port>/v1/metaserver` (the host's "
                     "address when listening on 0.0.0.0). Set it when the engines reach the "
                     "coordinator through another address (NAT, a load balancer)")
+    joint: PdJointConfig = Field(default_factory=PdJointConfig)
 
 
 class FeedConfig(_Strict):

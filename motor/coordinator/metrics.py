@@ -285,7 +285,14 @@ PD_DECODE = Histogram(
 PD_REQUESTS = Counter(
     "motor_coordinator_pd_requests_total",
     "PD requests by mode and outcome (ok, prefill_failed, decode_failed, client_error, "
-    "fallback_union, no_instance, client_gone).", ["mode", "outcome"], registry=REGISTRY)
+    "fallback_union, no_instance, client_gone, instance_cap).", ["mode", "outcome"], registry=REGISTRY)
+PD_ROUTE = Counter(
+    "motor_coordinator_pd_route_decisions_total",
+    "PD modes with pd.joint.enabled: how each request was served (decision: disaggregated = "
+    "a prefill + decode pair, local = a decode instance alone) and why (reason: cost = the "
+    "pair was predicted cheaper, local_off = local prefill not allowed, short_prompt / "
+    "cached_on_decode = local prefill predicted cheaper, the prompt mostly uncached / mostly "
+    "cached there).", ["mode", "decision", "reason"], registry=REGISTRY)
 
 #: ``content-type`` of :func:`render_metrics`' text (Prometheus text exposition 0.0.4)
 # -- the edge: API keys, rate limits, admission (docs/security.md) -------------------------

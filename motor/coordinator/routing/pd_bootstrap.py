@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from motor.config.schema import Role
-from motor.coordinator.endpoints import EndpointState
+from motor.coordinator.endpoints import EndpointState, Lease
 from motor.coordinator.metrics import PD_PREFILL, PD_REQUESTS
 from motor.coordinator.routing.base import (engine_error_body, note_status, read_whole,
                                             transport_failed)
@@ -75,6 +75,8 @@ def with_bootstrap(body: dict[str, Any], host: str, port: int | None) -> dict[st
 
 class Bootstrap(PdPath):
     name = "pd_bootstrap"
+    #: SGLang decode instances wait for a prefill peer's KV: no local prefill
+    local_ok = False
 
     async def bootstrap_port(self, ep: EndpointState) -> int | None:
         if ep.bootstrap_port is not None:
@@ -96,15 +98,32 @@ class Bootstrap(PdPath):
         return None
 
     async def run(self, ctx: Ctx) -> None:
-        p_ep = self.pick(Role.PREFILL, ctx, set())
+        # both legs run at once: the pair is taken with room on both sides (a P slot held
+        # while waiting for a D slot held by a request waiting for a P slot never happens)
+        plan = await self.plan(ctx)
+        if plan is not None and plan.p is not None:
+            p_ep: EndpointState | None = plan.p
+            if self.table.gated:
+                ps, _ = await self.room_pair(ctx.model, False)
+                if p_ep not in ps:
+                    p_ep = self.pick(Role.PREFILL, ctx, set(), ps)
+        else:
+            ps, _ = await self.room_pair(ctx.model, False)
+            p_ep = self.pick(Role.PREFILL, ctx, set(), ps)
         if p_ep is None:
             raise LegFailed(503, "no prefill instance is ready")
-        port = await self.bootstrap_port(p_ep)
+        tokens = ctx.info.prompt_tokens
+        lease = p_ep.lease(tokens, tokens, 0)     # before any await: the slot is taken
+        try:
+            port = await self.bootstrap_port(p_ep)
+        except BaseException:
+            lease.release()
+            raise
         if port is None:
             logger.warning("prefill %s has no known bootstrap port; the engine's default "
                            "applies", p_ep.url)
         body = orjson.dumps(with_bootstrap(ctx.body, p_ep.host, port))
-        p_task = asyncio.ensure_future(self._prefill_leg(ctx, p_ep, body))
+        p_task = asyncio.ensure_future(self._prefill_leg(ctx, p_ep, body, lease))
         d_task = asyncio.ensure_future(self.open_decode(ctx, body, set(), retry=True))
         try:
             done, _ = await asyncio.wait({p_task, d_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -129,14 +148,16 @@ class Bootstrap(PdPath):
         finally:
             await self.end_legs(p_task, d_task)
             self.drop_decode(d_task)   # D answered the turn the request ended
+            lease.release()            # P's task may have been cancelled before it ran
 
-    async def _prefill_leg(self, ctx: Ctx, ep: EndpointState, body: bytes) -> None:
-        """Send P its copy and read its answer to the end (dropped); raises LegFailed."""
+    async def _prefill_leg(self, ctx: Ctx, ep: EndpointState, body: bytes,
+                           lease: Lease) -> None:
+        """Send P its copy and read its answer to the end (dropped); raises LegFailed.
+        ``lease``: P's, taken by the caller, released here."""
         t = time.perf_counter()
-        tokens = ctx.info.prompt_tokens
         obs = ctx.obs
         span, fwd = (None, None) if obs is None else obs.leg("prefill", ep, ctx.fwd)
-        with ep.lease(tokens, tokens, 0):
+        with lease:
             try:
                 up = await self.send(ep, ctx, body, self.prefill_timeout_s, self.prefill_timeout_s,
                                      fwd)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any
 
@@ -28,11 +29,13 @@ import orjson
 
 from motor.config.schema import CoordinatorConfig, PolicyName, Role
 from motor.coordinator import metrics
+from motor.coordinator.admission import Refused
 from motor.coordinator.endpoints import EndpointState, EndpointTable, Lease
 from motor.coordinator.kv.router import KvRouter
-from motor.coordinator.metrics import PD_DECODE, PD_PREFILL, PD_REQUESTS, PD_TTFT
+from motor.coordinator.metrics import PD_DECODE, PD_PREFILL, PD_REQUESTS, PD_ROUTE, PD_TTFT
 from motor.coordinator.observe import Obs
 from motor.coordinator.policy import Policy, RequestInfo, make_policy
+from motor.coordinator.policy.pairs import Choice, PairChooser
 from motor.coordinator.recovery import END, REFUSE, StreamRecovery, after_leg, continuable
 from motor.coordinator.routing.base import (JSON, Parsed, RequestPath, Route, Settings,
                                             engine_error_body, estimate_prompt_tokens,
@@ -51,11 +54,14 @@ class LegFailed(Exception):
     """A leg could not produce an answer; the client gets ``status`` with ``body`` (an
     engine's own error body when the engine refused, else an OpenAI error of ``message``)."""
 
-    def __init__(self, status: int, message: str, body: bytes | None = None) -> None:
+    def __init__(self, status: int, message: str, body: bytes | None = None,
+                 retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.body = body if body is not None else error_body(status, message)
+        #: seconds for a ``Retry-After`` header (every instance at its cap), None: none
+        self.retry_after_s = retry_after_s
 
 
 class Ctx:
@@ -64,7 +70,7 @@ class Ctx:
 
     __slots__ = ("route", "path", "chat", "resp", "body", "model", "fwd", "rid", "rid_header",
                  "stream", "info", "max_tokens", "t0", "rec", "cont", "avoid", "legs", "wrote",
-                 "obs")
+                 "obs", "plan", "d_lease")
 
     def __init__(self, route: Route, resp: Response, p: Parsed) -> None:
         self.route = route
@@ -90,6 +96,10 @@ class Ctx:
         self.wrote = False
         #: the request's observation record (tracing, access log) or None
         self.obs: Obs | None = p.obs
+        #: the joint choice (``pd.joint.enabled``) of this leg, None before / without it
+        self.plan: Choice | None = None
+        #: the decode leg's lease while it runs (its prefill ends at the first event)
+        self.d_lease: Lease | None = None
 
     def continued(self, path: bytes, body: dict[str, Any]) -> Ctx:
         """The context of the next leg of a broken stream: a fresh PD request for ``path``
@@ -106,6 +116,8 @@ class Ctx:
         c.info = RequestInfo(self.model, estimate_prompt_tokens(body, len(orjson.dumps(body))),
                              c.max_tokens)
         c.cont = None
+        c.plan = None
+        c.d_lease = None
         c.legs = self.legs + 1
         return c
 
@@ -195,6 +207,17 @@ class PdPath(RequestPath):
         self.decode_policy: Policy = policy if pd.decode_policy == cfg.policy \
             else own_policy(pd.decode_policy, cfg)
         self.prefill_timeout_s: float = settings.prefill_timeout_s
+        #: the joint (prefill, decode) choice, None = one policy after the other
+        self.joint: PairChooser | None = None
+        if pd.joint.enabled:
+            router = getattr(self.prefill_policy, "router", None)
+            self.joint = PairChooser(cfg, router if isinstance(router, KvRouter) else None)
+            if pd.joint.local_prefill and not self.local_ok:
+                logger.info("%s: pd.joint.local_prefill does not apply (the decode "
+                            "instances of this mode need a prefill peer)", self.name)
+
+    #: whether a decode instance of this mode can prefill a plain request itself
+    local_ok = True
 
     # -- entry ------------------------------------------------------------------------
     async def handle(self, route: Route, req: Request, resp: Response) -> None:
@@ -217,7 +240,9 @@ class PdPath(RequestPath):
         except LegFailed as e:
             if not resp.started:
                 route.count(e.status)
-                resp.send(e.status, e.body, headers=ctx.rid_header)
+                hdrs = ctx.rid_header if e.retry_after_s is None else \
+                    ctx.rid_header + ((b"retry-after", b"%d" % e.retry_after_s),)
+                resp.send(e.status, e.body, headers=hdrs)
             elif not resp.finished:
                 resp.end(sse_error_event(e.status, e.message))
                 route.count(e.status)
@@ -266,19 +291,18 @@ class PdPath(RequestPath):
             ctx.body = dict(ctx.body, return_token_ids=True)
 
     # -- selection --------------------------------------------------------------------
-    def pick(self, role: Role, ctx: Ctx, exclude: set[EndpointState]) -> EndpointState | None:
-        cands = self.table.candidates(role, ctx.model)
+    def pick(self, role: Role, ctx: Ctx, exclude: set[EndpointState],
+             cands: list[EndpointState] | None = None) -> EndpointState | None:
+        """The ``role`` leg's endpoint among ``cands`` (default: the routable ones) by that
+        role's policy; None when there is none."""
+        if cands is None:
+            cands = self.table.candidates(role, ctx.model)
         if not cands:
             return None
         policy = self.prefill_policy if role is Role.PREFILL else self.decode_policy
         obs = ctx.obs
         if policy.uses_prefix and role is Role.PREFILL and ctx.info.block_hashes is None:
-            # once per request: a prefill retry reuses the routing key
-            if obs is None:
-                policy.prepare(ctx.info, "chat" if ctx.chat else "completions", ctx.body)
-            else:
-                prepare_traced(policy, obs, ctx.info, "chat" if ctx.chat else "completions",
-                               ctx.body)
+            self.prepare(ctx, policy)
         if obs is None:
             ep = policy.pick(cands, ctx.info, exclude)
         else:
@@ -288,6 +312,98 @@ class PdPath(RequestPath):
         if ep is not None:
             policy.routed(ep, ctx.info)
         return ep
+
+    def prepare(self, ctx: Ctx, policy: Policy) -> None:
+        """The routing key, once per request (a retry reuses it)."""
+        route = "chat" if ctx.chat else "completions"
+        if ctx.obs is None:
+            policy.prepare(ctx.info, route, ctx.body)
+        else:
+            prepare_traced(policy, ctx.obs, ctx.info, route, ctx.body)
+
+    # -- per-instance caps ------------------------------------------------------------
+    def _refused(self, e: Refused) -> LegFailed:
+        metrics.INSTANCE_CAP_REFUSALS.inc()
+        PD_REQUESTS.labels(self.name, "instance_cap").inc()
+        return LegFailed(503, f"every instance that can serve the request is at its limit of "
+                              f"requests in flight ({e.reason}, waited "
+                              f"{self.table.slots.timeout_s:g} s); please retry after "
+                              f"{e.retry_after_s} s", retry_after_s=math.ceil(e.retry_after_s))
+
+    async def room(self, role: Role, model: str | None) -> list[EndpointState]:
+        """The routable ``role`` endpoints below their cap (all of them when nothing is
+        capped), waiting in the table's slot queue while every one is full. The caller
+        picks and leases before it awaits anything else. Raises :class:`LegFailed` (503
+        with Retry-After) after ``admission.queue_timeout_s``; ``[]`` when none is
+        routable."""
+        table = self.table
+        cands = table.candidates(role, model)
+        if not table.gated or not cands:
+            return cands
+        room = table.with_room(cands) if not table.slots.queued else None
+        if room is not None:
+            return room
+        metrics.INSTANCE_CAP_WAITS.inc()
+        try:
+            return await table.slots.wait(
+                lambda: table.with_room(table.candidates(role, model)))
+        except Refused as e:
+            raise self._refused(e) from None
+
+    async def room_pair(self, model: str | None, local: bool
+                        ) -> tuple[list[EndpointState], list[EndpointState]]:
+        """(prefill, decode) endpoints below their cap, waiting until both roles have one
+        (or, ``local``, a decode instance alone has room). Raises :class:`LegFailed` as
+        :meth:`room`."""
+        table = self.table
+
+        def both() -> tuple[list[EndpointState], list[EndpointState]] | None:
+            ds = table.with_room(table.candidates(Role.DECODE, model))
+            if ds is None:
+                return None
+            ps = table.with_room(table.candidates(Role.PREFILL, model))
+            if ps is None and not local:
+                return None
+            return ps or [], ds
+
+        if not table.gated:
+            return table.candidates(Role.PREFILL, model), table.candidates(Role.DECODE, model)
+        got = both() if not table.slots.queued else None
+        if got is not None:
+            return got
+        metrics.INSTANCE_CAP_WAITS.inc()
+        try:
+            return await table.slots.wait(both)
+        except Refused as e:
+            raise self._refused(e) from None
+
+    async def plan(self, ctx: Ctx, local: bool | None = None) -> Choice | None:
+        """The joint choice of this leg (``pd.joint.enabled``; None without it), in
+        ``ctx.plan``: a pair, or with ``local`` (default: this mode allows it) a decode
+        instance alone. Its legs take the chosen endpoints first."""
+        j = self.joint
+        if j is None:
+            return None
+        local = self.local_ok if local is None else local
+        pp = self.prefill_policy
+        if pp.uses_prefix and ctx.info.block_hashes is None:
+            self.prepare(ctx, pp)
+        j.prepare(ctx.info, "chat" if ctx.chat else "completions", ctx.body)
+        ps, ds = await self.room_pair(ctx.model, local)
+        ch = j.choose(ctx.info, ps, [d for d in ds if d not in ctx.avoid] or ds, local,
+                      self.name)
+        if ch is None:
+            return None
+        j.routed(ch, ctx.info)
+        PD_ROUTE.labels(self.name, "local" if ch.local else "disaggregated", ch.reason).inc()
+        ctx.plan = ch
+        return ch
+
+    def planned(self, ep: EndpointState | None) -> bool:
+        """Whether the planned endpoint ``ep`` can take its leg now (below its cap)."""
+        if ep is None or not ep.routable(time.monotonic()):
+            return False
+        return not self.table.gated or self.table.with_room([ep]) is not None
 
     # -- legs -------------------------------------------------------------------------
     async def send(self, ep: EndpointState, ctx: Ctx, body: bytes, first_byte_timeout_s: float,
@@ -323,21 +439,30 @@ class PdPath(RequestPath):
         for attempt in range(s.max_attempts):
             if attempt:
                 await s.pause(attempt)
-            if ep is None or attempt:
-                ep = self.pick(Role.PREFILL, ctx, exclude)
+            plan = ctx.plan
+            if attempt == 0 and ep is None and plan is not None and self.planned(plan.p):
+                ep = plan.p
+            elif ep is None or attempt:
+                ep = self.pick(Role.PREFILL, ctx, exclude,
+                               await self.room(Role.PREFILL, ctx.model))
+                plan = None
             if ep is None:
                 break
             exclude.add(ep)
             tokens = ctx.info.prompt_tokens
             obs = ctx.obs
             span, fwd = (None, None) if obs is None else obs.leg("prefill", ep, ctx.fwd, attempt)
-            with ep.lease(tokens, tokens, 0):
+            with ep.lease(tokens, tokens, 0) as lease:
+                if plan is not None and plan.p is ep and self.joint is not None:
+                    lease.watch(self.joint.watch(plan.p_obs))
                 try:
                     up = await self.send(ep, ctx, body, self.prefill_timeout_s,
                                          self.prefill_timeout_s, fwd)
                     status = up.status
                     async with up:
                         data = await read_whole(up, self.prefill_timeout_s)
+                    if status < 400:
+                        lease.answered()
                 except (UpstreamTimeout, UpstreamClosed, OSError) as e:
                     if obs is not None:
                         obs.end(span, error=type(e).__name__)
@@ -390,11 +515,23 @@ class PdPath(RequestPath):
         for attempt in range(s.max_attempts if retry else 1):
             if attempt:
                 await s.pause(attempt)
-            ep = self.pick(Role.DECODE, ctx, exclude)
+            plan = ctx.plan
+            ep: EndpointState | None
+            if attempt == 0 and plan is not None and plan.d not in exclude \
+                    and self.planned(plan.d):
+                ep = plan.d
+            else:
+                # a local leg's plain body may go to any decode instance on a retry
+                ep = self._pick_decode(ctx, exclude, await self.room(Role.DECODE, ctx.model))
+                plan = None
             if ep is None:
                 break
             exclude.add(ep)
-            lease = ep.lease(ctx.max_tokens + ctx.info.prompt_tokens, 0, ctx.max_tokens)
+            local = plan is not None and plan.local
+            lease = ep.lease(ctx.max_tokens + ctx.info.prompt_tokens,
+                             plan.d_uncached if local and plan is not None else 0,
+                             ctx.max_tokens)
+            ctx.d_lease = lease
             obs = ctx.obs
             span, fwd = (None, None) if obs is None else obs.leg(
                 "continuation" if ctx.legs else "decode", ep, ctx.fwd, attempt)
@@ -422,6 +559,17 @@ class PdPath(RequestPath):
             return ep, up, lease
         PD_REQUESTS.labels(self.name, "decode_failed").inc()
         raise LegFailed(502, f"the decode leg failed: {last}")
+
+    def _pick_decode(self, ctx: Ctx, exclude: set[EndpointState],
+                     cands: list[EndpointState]) -> EndpointState | None:
+        """The decode endpoint of a leg not (or no longer) planned: the joint cost given
+        the prefill instance already chosen, else the decode policy."""
+        plan, j = ctx.plan, self.joint
+        if j is not None and plan is not None and plan.p is not None and cands:
+            left = [e for e in cands if e not in exclude]
+            if left:
+                return j.decode_for(ctx.info, plan.p, left)
+        return self.pick(Role.DECODE, ctx, exclude, cands)
 
     @staticmethod
     async def end_legs(*tasks: asyncio.Future[Any]) -> None:
@@ -484,7 +632,9 @@ class PdPath(RequestPath):
             err, wrote = await relay_sse(
                 up, resp, feed, route, ctx.t0, first, self.s.idle_timeout_s,
                 (lambda: PD_TTFT.labels(self.name).observe(time.perf_counter() - ctx.t0))
-                if first else None, timing=ep.timing)
+                if first else None,
+                ctx.d_lease.prefill_done if ctx.d_lease is not None else None,
+                timing=ep.timing)
         finally:
             up.close()
         ctx.wrote = ctx.wrote or wrote

@@ -13,6 +13,10 @@
 4. D's answer goes to the client. A failed P ends D at once (it would wait forever for
    the KV) with P's error; the client leaving or D ending cancels P.
 
+With ``pd.joint.enabled`` the pair is chosen at once (:meth:`PdPath.plan`: D's leg and
+then P's callback take the chosen instances when they still have room); a request planned
+on a decode instance alone goes there without ``kv_transfer_params`` (D prefills it).
+
 A multi-prompt completion's children call back one by one; each child's P request
 carries that prompt alone. The pending callbacks live in the worker that took the
 client's request, so this mode needs ``coordinator.workers: 1`` for now.
@@ -85,6 +89,17 @@ class DecodeFirst(PdPath):
         return [(f"cmpl-{rid}-0", ctx.body)]
 
     async def run(self, ctx: Ctx) -> None:
+        plan = await self.plan(ctx)
+        if plan is not None and plan.local:
+            # conditional disaggregation: D alone, no kv_transfer_params (it prefills)
+            t_decode = time.perf_counter()
+            ep, up, lease = await self.open_decode(ctx, orjson.dumps(ctx.body), set())
+            with lease:
+                try:
+                    await self.answer_decode(ctx, ep, up, None, t_decode)
+                finally:
+                    up.close()
+            return
         children = self.child_ids(ctx)
         pend = {cid: _Pending(ctx, b) for cid, b in children}
         for cid in pend:

@@ -12,6 +12,10 @@
    ``prompt_tokens_details`` and ``prompt_logprobs`` merged in. A stream asking for
    ``prompt_logprobs`` (> 0 or -1) gets vLLM's own 400 before any leg is sent: vLLM
    cannot stream them, and P's would be lost (D never computes the prompt).
+
+With ``pd.joint.enabled`` the pair is chosen at once (:meth:`PdPath.plan`); a request
+planned on a decode instance alone goes there with the client's body as sent (no
+``kv_transfer_params``: vLLM's D prefills it locally, like any request).
 """
 from __future__ import annotations
 
@@ -43,6 +47,17 @@ class PrefillFirst(PdPath):
             # this check P would compute them and the stripped D stream would drop them
             raise LegFailed(400, STREAM_PROMPT_LOGPROBS,
                             error_body(400, STREAM_PROMPT_LOGPROBS, "prompt_logprobs"))
+        plan = await self.plan(ctx)
+        if plan is not None and plan.local:
+            # conditional disaggregation: D alone, no kv_transfer_params (it prefills)
+            t_decode = time.perf_counter()
+            ep, up, lease = await self.open_decode(ctx, orjson.dumps(body), set())
+            with lease:
+                try:
+                    await self.answer_decode(ctx, ep, up, None, t_decode)
+                finally:
+                    up.close()
+            return
         p_body = prefill_body(body, dict(NIXL_PULL_REQUEST))
         _, p_answer = await self.prefill(ctx, orjson.dumps(p_body), set())
         ktp = p_answer.get("kv_transfer_params")

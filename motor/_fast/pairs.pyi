@@ -1,0 +1,23 @@
+"""Type stubs for motor._fast.pairs (joint prefill/decode choice)."""
+import numpy as np
+import numpy.typing as npt
+
+_F64 = npt.NDArray[np.float64]
+
+def pick_pair(
+    p_work: _F64,
+    p_running: _F64,
+    p_rates: _F64,
+    d_queued: _F64,
+    d_uncached: _F64,
+    d_running: _F64,
+    d_rates: _F64,
+    transfer_s_per_token: _F64,
+    decode_tokens: float = 0.0,
+    chunk_tokens: float = 8192.0,
+    local: bool = False,
+    stall_weight: float = 0.0,
+    start: int = 0,
+) -> tuple[int, int, float, float, float]:
+    """(prefill index or -1 for the decode instance alone, decode index, cost s,
+    best pair s, best local s)."""

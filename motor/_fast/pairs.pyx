@@ -1,0 +1,146 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Joint (prefill, decode) choice of the PD modes: one cost in seconds over every pair,
+and the decode instances alone (conditional disaggregation).
+
+Per prefill instance ``p`` and decode instance ``d`` (rates per instance, columns
+``(step_s, prefill_s_per_token, decode_s_per_seq)`` as :mod:`motor._fast.scoring`)::
+
+    ttft(work, running, r) = steps * (r.step_s + r.decode_s_per_seq * running)
+                             + r.prefill_s_per_token * work,
+                             steps = max(1, ceil(work / chunk_tokens))            s
+    decode(d)  = decode_tokens * (step_s_d + decode_s_per_seq_d * (running_d + 1))
+                                                  this request's decode on d      s
+    pair(p, d) = ttft(p_work_p, p_running_p, r_p)          prefill on p, its cache
+                 + transfer_s_per_token[p, d] * d_uncached_d   KV not cached on d
+                 + step_s_d + decode_s_per_seq_d * running_d   d's first step
+                 + prefill_s_per_token_d * d_queued_d          d's queued local prefills
+                 + decode(d)                                                       s
+    local(d)   = ttft(d_queued_d + d_uncached_d, running_d, r_d)   prefill on d itself
+                 + stall_weight * running_d * prefill_s_per_token_d * d_uncached_d
+                                   the stall its prefill imposes on d's running batch
+                 + decode(d)                                                       s
+
+The argmin over the pairs wins, ties to the first pair in the order ``p * D + d`` rotated
+by ``start``; a decode instance alone (``local``) wins only when its cost is strictly
+lower than the best pair's (ties rotated by ``start`` among the decode instances).
+"""
+from libc.math cimport ceil, INFINITY
+
+
+cdef inline double _ttft(double work, double running, const double *r,
+                         double chunk) noexcept nogil:
+    cdef double steps = ceil(work / chunk)
+    if steps < 1.0:
+        steps = 1.0
+    return steps * (r[0] + r[2] * running) + r[1] * work
+
+
+def _check(name, Py_ssize_t got, Py_ssize_t want):
+    if got != want:
+        raise ValueError(f"{name} is expected to have {want} rows, got {got}")
+
+
+def pick_pair(const double[::1] p_work, const double[::1] p_running,
+              const double[:, ::1] p_rates, const double[::1] d_queued,
+              const double[::1] d_uncached, const double[::1] d_running,
+              const double[:, ::1] d_rates, const double[:, ::1] transfer_s_per_token,
+              double decode_tokens=0.0, double chunk_tokens=8192.0, bint local=False,
+              double stall_weight=0.0, Py_ssize_t start=0):
+    """The cheapest (prefill, decode) pair, or decode instance alone (module docstring).
+
+    Parameters
+    ----------
+    p_work : float64[P]
+        Per prefill instance: prefill tokens queued there + this request's tokens not
+        cached there, tokens.
+    p_running : float64[P]
+        Sequences in each prefill instance's batch, requests.
+    p_rates, d_rates : float64[P, 3], float64[D, 3], C-contiguous
+        ``(step_s, prefill_s_per_token, decode_s_per_seq)`` per instance, seconds.
+    d_queued : float64[D]
+        Prefill tokens queued on each decode instance (its local prefills), tokens.
+    d_uncached : float64[D]
+        This request's prompt tokens not cached on each decode instance, tokens.
+    d_running : float64[D]
+        Sequences in each decode instance's batch, requests.
+    transfer_s_per_token : float64[P, D], C-contiguous
+        KV transfer time per token between each pair (its topology), seconds.
+    decode_tokens : float
+        Tokens this request will decode (its max_tokens), >= 0.
+    chunk_tokens : float
+        Prefill tokens one engine step computes at most, > 0.
+    local : bool
+        Whether a decode instance may serve the request alone (local prefill).
+    stall_weight : float
+        Weight of the stall a local prefill imposes on each running sequence, >= 0.
+    start : int
+        Rotation of the tie-break.
+
+    Returns
+    -------
+    (int, int, float, float, float)
+        ``(p, d, cost_s, best_pair_s, best_local_s)``: ``p`` = -1 when ``d`` serves alone;
+        ``(-1, -1, inf, inf, inf)`` when nothing can serve. ``best_local_s`` is ``inf``
+        when ``local`` is false.
+
+    Raises
+    ------
+    ValueError
+        Arrays of mismatched lengths, ``chunk_tokens <= 0``, negative ``decode_tokens`` or
+        ``stall_weight``.
+    """
+    cdef Py_ssize_t P = p_work.shape[0]
+    cdef Py_ssize_t D = d_queued.shape[0]
+    cdef Py_ssize_t n, i, j, p, d, bp = -1, bd = -1, ld = -1, start_n, start_d
+    cdef double c, best = INFINITY, lbest = INFINITY, first_d, dec
+    _check("p_running", p_running.shape[0], P)
+    _check("p_rates", p_rates.shape[0], P)
+    _check("d_uncached", d_uncached.shape[0], D)
+    _check("d_running", d_running.shape[0], D)
+    _check("d_rates", d_rates.shape[0], D)
+    if p_rates.shape[1] != 3 or d_rates.shape[1] != 3:
+        raise ValueError("p_rates and d_rates are expected to have 3 columns")
+    if transfer_s_per_token.shape[0] != P or transfer_s_per_token.shape[1] != D:
+        raise ValueError(f"transfer_s_per_token is expected to have shape ({P}, {D}), got "
+                         f"({transfer_s_per_token.shape[0]}, {transfer_s_per_token.shape[1]})")
+    if not chunk_tokens > 0.0:
+        raise ValueError(f"chunk_tokens is expected > 0, got {chunk_tokens}")
+    if decode_tokens < 0.0 or stall_weight < 0.0:
+        raise ValueError("decode_tokens and stall_weight are expected >= 0")
+    with nogil:
+        n = P * D
+        if n > 0:
+            start_n = start % n
+            if start_n < 0:
+                start_n += n
+            for i in range(n):
+                j = (start_n + i) % n
+                p = j // D
+                d = j % D
+                dec = decode_tokens * (d_rates[d, 0] + d_rates[d, 2] * (d_running[d] + 1.0))
+                first_d = (d_rates[d, 0] + d_rates[d, 2] * d_running[d]
+                           + d_rates[d, 1] * d_queued[d])
+                c = (_ttft(p_work[p], p_running[p], &p_rates[p, 0], chunk_tokens)
+                     + transfer_s_per_token[p, d] * d_uncached[d] + first_d + dec)
+                if c < best:
+                    best = c
+                    bp = p
+                    bd = d
+        if local and D > 0:
+            start_d = start % D
+            if start_d < 0:
+                start_d += D
+            for i in range(D):
+                d = (start_d + i) % D
+                dec = decode_tokens * (d_rates[d, 0] + d_rates[d, 2] * (d_running[d] + 1.0))
+                c = (_ttft(d_queued[d] + d_uncached[d], d_running[d], &d_rates[d, 0],
+                           chunk_tokens)
+                     + stall_weight * d_running[d] * d_rates[d, 1] * d_uncached[d] + dec)
+                if c < lbest:
+                    lbest = c
+                    ld = d
+    if ld >= 0 and lbest < best:
+        return -1, ld, lbest, best, lbest
+    if bp >= 0:
+        return bp, bd, best, best, lbest
+    return -1, -1, INFINITY, INFINITY, INFINITY

@@ -1,0 +1,243 @@
+"""Joint (prefill, decode) choice of the PD modes and conditional disaggregation
+(``coordinator.pd.joint``; docs/pd.md, "Joint choice").
+
+One cost in seconds over every (prefill P, decode D) pair and, with ``local_prefill``,
+every decode instance alone (:func:`motor._fast.pairs.pick_pair` has the formula)::
+
+    pair(P, D) = predicted prefill time on P (its queued prefill tokens + this request's
+                 tokens not cached on P, at P's learned rates)
+                 + KV transfer of the tokens not cached on D (us per token by topology:
+                   same node / same rack / other)
+                 + D's first step (its batch, its queued local prefills)
+                 + this request's decode on D (max_tokens steps with D's batch)
+    local(D)   = prefill on D itself + the stall it imposes on D's running batch
+                 (``stall_weight`` x running x prefill time) + the decode on D
+
+A decode instance serves alone when its cost is strictly lower than the best pair's: the
+threshold on the uncached prompt is the cost's, not a constant (a short or mostly cached
+prompt on an idle D goes local; a long one, or a busy D, goes to a pair). Cached prefixes
+come from the KV router (the prefill policy's when it is ``kv_affinity``, else one of
+its own on the approximate index). Rates are ``coordinator.kv.ttft``'s priors; a prefill
+instance's are learned (``kv.ttft.learn``, :class:`motor.coordinator.policy.ttft.RateModel`)
+from its observed prefill legs, whose time is its prefill alone. A decode instance stays at
+the priors: its first-token times mix its decode batch with any prefill, and a fit to them
+skewed the decode choice in the benchmark (worse TPOT, docs/benchmarks.md). Ties: the first
+pair in rotated order, deterministic.
+Every decision is logged at debug level with its terms in ms.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from motor._fast.pairs import pick_pair
+from motor.config.schema import CoordinatorConfig
+from motor.coordinator.kv.router import MAX_INSTANCES, KvRouter
+from motor.coordinator.loadtable import load_columns
+from motor.coordinator.policy.base import RequestInfo
+from motor.coordinator.policy.ttft import RateModel, TtftWatch
+
+if TYPE_CHECKING:
+    from motor.coordinator.endpoints import EndpointState
+
+logger = logging.getLogger(__name__)
+
+#: a local decision's reason is ``cached_on_decode`` when at least this share of the prompt
+#: is cached on the decode instance, else ``short_prompt``
+CACHED_SHARE = 0.5
+
+SAME_NODE, SAME_RACK, OTHER = 0, 1, 2
+
+
+def closeness(a: EndpointState, b: EndpointState, labels: dict[str, str]) -> int:
+    """How close two endpoints are: :data:`SAME_NODE`, :data:`SAME_RACK` or :data:`OTHER`.
+
+    ``labels``: ``pd.joint.topology`` (instance id, ``host:port`` or host -> ``RACK/NODE``).
+    Without a label for either, endpoints on the same host are one node."""
+    la, lb = _label(a, labels), _label(b, labels)
+    if la is None or lb is None:
+        return SAME_NODE if la is None and lb is None and a.host == b.host else OTHER
+    if la == lb:
+        return SAME_NODE
+    return SAME_RACK if la.split("/", 1)[0] == lb.split("/", 1)[0] else OTHER
+
+
+def _label(e: EndpointState, labels: dict[str, str]) -> str | None:
+    if not labels:
+        return None
+    return labels.get(e.instance_id) or labels.get(f"{e.host}:{e.port}") or labels.get(e.host)
+
+
+class Choice:
+    """One decision: ``p`` (None when ``d`` serves alone), ``d``, ``reason`` (metric label),
+    predicted ``cost_s``, and what the prefill leg's learning needs (``p_obs``)."""
+
+    __slots__ = ("p", "d", "reason", "cost_s", "p_uncached", "d_uncached", "p_obs")
+
+    def __init__(self, p: EndpointState | None, d: EndpointState, reason: str,
+                 cost_s: float) -> None:
+        self.p = p
+        self.d = d
+        self.reason = reason
+        self.cost_s = cost_s
+        self.p_uncached = 0
+        self.d_uncached = 0
+        self.p_obs: tuple[int, tuple[float, float, float]] | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.p is None
+
+
+class PairChooser:
+    """The joint choice over a coordinator's prefill and decode endpoints.
+
+    Parameters
+    ----------
+    cfg : CoordinatorConfig
+        ``pd.joint`` (topology, transfer times, local prefill, stall weight) and ``kv``
+        (block size, tier credit, TTFT priors).
+    router : KvRouter or None
+        The KV router to read cached prefixes from (the prefill policy's); None = its own.
+    """
+
+    def __init__(self, cfg: CoordinatorConfig, router: KvRouter | None = None) -> None:
+        j = cfg.pd.joint
+        self.router = router if router is not None else KvRouter(cfg.kv)
+        c = self.router.cfg
+        self.credit = np.array([c.tier_credit.device, c.tier_credit.host, c.tier_credit.disk],
+                               np.float64)
+        t = cfg.kv.ttft
+        self.learn = t.learn
+        self.chunk_tokens = float(t.chunk_tokens)
+        self.rates = RateModel(t, MAX_INSTANCES)
+        self.router.on_forget.append(self.rates.reset)
+        self.local_prefill = j.local_prefill
+        self.stall_weight = j.stall_weight
+        x = j.transfer_us_per_token
+        self.transfer_s = (x.same_node * 1e-6, x.same_rack * 1e-6, x.other * 1e-6)
+        self.labels = dict(j.topology)
+        self._next = 0
+
+    def prepare(self, info: RequestInfo, route: str, body: dict[str, Any]) -> None:
+        """Fill ``info.block_hashes`` (and the exact prompt size) when no policy did."""
+        if info.block_hashes is None:
+            key = self.router.request_hashes(route, body)
+            if key is not None:
+                info.prompt_tokens, info.block_hashes = key
+                info.prefill_tokens = info.prompt_tokens
+
+    def _uncached(self, cands: list[EndpointState], info: RequestInfo
+                  ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp],
+                             npt.NDArray[np.float64]]:
+        """(uncached tokens, rate slots, cached share) per candidate."""
+        r = self.router
+        k = len(cands)
+        slots = np.fromiter((r.slot(e.key) for e in cands), np.intp, k)
+        prompt = float(info.prompt_tokens)
+        h = info.block_hashes
+        if h is None or not len(h):
+            return np.full(k, prompt), slots, np.zeros(k)
+        ov = r.match(h, info.model)[slots].astype(np.float64)
+        saved = r.block_size * (ov @ self.credit)
+        unc = np.maximum(prompt - saved, 0.0)
+        share = np.minimum(r.block_size * ov.sum(axis=1), prompt) / max(prompt, 1.0)
+        return unc, slots, share
+
+    def transfer_matrix(self, ps: list[EndpointState], ds: list[EndpointState]
+                        ) -> npt.NDArray[np.float64]:
+        """float64[P, D]: KV transfer seconds per token of each pair."""
+        out = np.empty((len(ps), len(ds)), np.float64)
+        for i, p in enumerate(ps):
+            for j, d in enumerate(ds):
+                out[i, j] = self.transfer_s[closeness(p, d, self.labels)]
+        return out
+
+    def choose(self, info: RequestInfo, ps: list[EndpointState], ds: list[EndpointState],
+               local: bool, mode: str = "") -> Choice | None:
+        """The cheapest pair (or decode instance alone when ``local`` and
+        ``pd.joint.local_prefill``) among ``ps`` x ``ds``; None when ``ds`` is empty, or
+        ``ps`` is and no local choice is allowed."""
+        if not ds or (not ps and not (local and self.local_prefill)):
+            return None
+        local = local and self.local_prefill
+        p_unc, p_slots, _ = self._uncached(ps, info) if ps else \
+            (np.zeros(0), np.zeros(0, np.intp), np.zeros(0))
+        d_unc, d_slots, d_share = self._uncached(ds, info)
+        if ps:
+            p_queued, _, p_running = load_columns(ps)
+        else:
+            p_queued = p_running = np.zeros(0)
+        d_queued, _, d_running = load_columns(ds)
+        p_rates = self.rates.rates(p_slots) if ps else np.zeros((0, 3))
+        d_rates = self.rates.rates(d_slots)
+        xfer = self.transfer_matrix(ps, ds)
+        start = self._next
+        self._next = start + 1
+        p_work = np.ascontiguousarray(p_queued + p_unc)
+        pi, di, cost, pair_s, local_s = pick_pair(
+            p_work, np.ascontiguousarray(p_running), np.ascontiguousarray(p_rates),
+            np.ascontiguousarray(d_queued), np.ascontiguousarray(d_unc),
+            np.ascontiguousarray(d_running), np.ascontiguousarray(d_rates), xfer,
+            float(info.max_tokens), self.chunk_tokens, local, self.stall_weight, start)
+        if di < 0:
+            return None
+        d = ds[di]
+        if pi < 0:
+            reason = "cached_on_decode" if d_share[di] >= CACHED_SHARE else "short_prompt"
+            ch = Choice(None, d, reason, cost)
+        else:
+            ch = Choice(ps[pi], d, "cost" if local else "local_off", cost)
+            ch.p_uncached = int(p_unc[pi])
+            if self.learn:
+                ch.p_obs = (int(p_slots[pi]), self.rates.features(
+                    float(p_queued[pi]), float(p_unc[pi]), float(p_running[pi])))
+        ch.d_uncached = int(d_unc[di])
+        if logger.isEnabledFor(logging.DEBUG):
+            self._log(mode, info, ch, ps, ds, p_unc, p_queued, p_running, d_unc, d_queued,
+                      d_running, pair_s, local_s)
+        return ch
+
+    def decode_for(self, info: RequestInfo, p: EndpointState, ds: list[EndpointState]
+                   ) -> EndpointState | None:
+        """The cheapest decode instance for a prefill already done on ``p``."""
+        ch = self.choose(info, [p], ds, False)
+        return None if ch is None else ch.d
+
+    def routed(self, ch: Choice, info: RequestInfo) -> None:
+        """The choice was sent: the approximate index learns that the legs' instances
+        hold the prompt (D holds it after the transfer too)."""
+        if ch.p is not None:
+            self.router.routed(ch.p, info.model, info.block_hashes)
+        self.router.routed(ch.d, info.model, info.block_hashes)
+
+    def watch(self, obs: tuple[int, tuple[float, float, float]] | None) -> TtftWatch | None:
+        """The learner of a prefill leg's observed time (its whole answer)."""
+        if obs is None:
+            return None
+        return TtftWatch(self.rates, obs[0], obs[1])
+
+    def _log(self, mode: str, info: RequestInfo, ch: Choice, ps: list[EndpointState],
+             ds: list[EndpointState], p_unc: Any, p_queued: Any, p_running: Any, d_unc: Any,
+             d_queued: Any, d_running: Any, pair_s: float, local_s: float) -> None:
+        terms = [f"P {e.key}: uncached {p_unc[i]:.0f} tokens, queued {p_queued[i]:.0f} "
+                 f"tokens, running {p_running[i]:.0f}" for i, e in enumerate(ps)]
+        terms += [f"D {e.key}: uncached {d_unc[i]:.0f} tokens, queued {d_queued[i]:.0f} "
+                  f"tokens, running {d_running[i]:.0f}" for i, e in enumerate(ds)]
+        if ch.p is not None:
+            xfer = self.transfer_s[closeness(ch.p, ch.d, self.labels)]
+            what = (f"pair {ch.p.key} -> {ch.d.key} (transfer {ch.d_uncached} tokens x "
+                    f"{1e6 * xfer:.2f} us = {1e3 * xfer * ch.d_uncached:.2f} ms)")
+        else:
+            what = f"{ch.d.key} alone"
+        logger.debug("pd joint choice %s: %d prompt tokens, %d max tokens -> %s, %s; "
+                     "predicted %.2f ms (best pair %.2f ms, best local %.2f ms); %s", mode,
+                     info.prompt_tokens, info.max_tokens, what, ch.reason, 1e3 * ch.cost_s,
+                     1e3 * pair_s, 1e3 * local_s, "; ".join(terms))
+
+
+__all__ = ["CACHED_SHARE", "OTHER", "SAME_NODE", "SAME_RACK", "Choice", "PairChooser",
+           "closeness"]

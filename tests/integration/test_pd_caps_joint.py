@@ -1,0 +1,136 @@
+"""PD legs under per-instance caps, and the joint (prefill, decode) choice end to end: an
+in-process coordinator in front of 2 prefill + 2 decode ``motor sim`` instances with
+``--max-num-seqs N`` and ``admission.max_inflight_per_instance: N``, offered 4x their
+capacity at once, in each PD handshake, with the sequential and the joint choice."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+
+from motor.config.schema import Role
+from motor.coordinator import metrics
+from motor.sim.engine import EngineConfig
+from motor.sim.options import PdOptions, SimOptions
+from motor.sim.server import SimServer
+from tests.support.gateway import Gateway, http, run_async
+
+N = 2
+MODES = ["pd_prefill_first", "pd_decode_first", "pd_bootstrap"]
+
+
+async def cluster(mode: str, **cfg: Any) -> tuple[Gateway, list[SimServer], list[tuple]]:
+    sims, seen = [], []
+    for role in ("prefill", "prefill", "decode", "decode"):
+        s = SimServer(SimOptions(port=0, role=role, model="m",
+                                 engine=EngineConfig(time_scale=1.0, max_num_seqs=N),
+                                 pd=PdOptions(bootstrap_timeout_s=10.0)))
+        orig = s._handle
+
+        async def handle(req: Any, resp: Any, orig: Any = orig, role: str = role) -> None:
+            if req.path.startswith("/v1/") and req.method == b"POST":
+                seen.append((role, orjson.loads(req.body)))
+            await orig(req, resp)
+        s._handle = handle  # type: ignore[method-assign]
+        await s.start()
+        sims.append(s)
+    backends = [(Role.PREFILL if s.opts.role == "prefill" else Role.DECODE, "127.0.0.1", s.port)
+                for s in sims]
+    gw = await Gateway(backends, mode=mode, **cfg).start()
+    if mode == "pd_decode_first":
+        gw.coord.path.metaserver_url = f"http://127.0.0.1:{gw.port}/v1/metaserver"
+    return gw, sims, seen
+
+
+async def stop(gw: Gateway, sims: list[SimServer]) -> None:
+    await gw.stop()
+    for s in sims:
+        await s.stop(0.2)
+
+
+@pytest.mark.parametrize("joint", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+@run_async
+async def test_pd_legs_never_exceed_the_instance_cap(mode: str, joint: bool) -> None:
+    gw, sims, _ = await cluster(
+        mode, admission={"max_inflight_per_instance": N, "queue_timeout_s": 0.3},
+        pd={"joint": {"enabled": joint}})
+    try:
+        async def one(i: int) -> tuple[int, dict[str, str], bytes]:
+            body = {"model": "m", "prompt": f"request {i} " + "word " * (8 + 40 * (i % 3)),
+                    "max_tokens": 48, "ignore_eos": True, "stream": i % 2 == 1}
+            return await http(gw.port, "POST", "/v1/completions", orjson.dumps(body),
+                              {"content-type": "application/json"}, timeout=60.0)
+
+        answers = await asyncio.gather(*(one(i) for i in range(4 * 4 * N)))
+        statuses = sorted(a[0] for a in answers)
+        assert set(statuses) <= {200, 503}, statuses
+        assert statuses.count(200) >= 2 * N, statuses
+        for status, hdrs, body in answers:
+            if status == 503:
+                assert int(hdrs["retry-after"]) >= 1
+                assert orjson.loads(body)["error"]["code"] == 503
+            else:
+                assert body  # one terminal answer: a whole body or a stream to [DONE]
+                if hdrs.get("content-type", "").startswith("text/event-stream"):
+                    assert body.rstrip().endswith(b"data: [DONE]")
+        for s in sims:
+            assert s.engine is not None
+            assert s.engine.max_held <= N, (s.opts.role, s.engine.max_held)
+        assert gw.inflight() == 0
+    finally:
+        await stop(gw, sims)
+
+
+def _route(mode: str, decision: str, reason: str) -> float:
+    return metrics.PD_ROUTE.labels(mode, decision, reason)._value.get()
+
+
+@pytest.mark.parametrize("mode", ["pd_prefill_first", "pd_decode_first"])
+@run_async
+async def test_joint_choice_serves_a_short_prompt_on_an_idle_decode_instance_alone(
+        mode: str) -> None:
+    gw, sims, seen = await cluster(mode, pd={"joint": {"enabled": True}})
+    before = _route(mode, "local", "short_prompt")
+    try:
+        for stream in (False, True):
+            body = {"model": "m", "prompt": "hello there", "max_tokens": 4,
+                    "ignore_eos": True, "stream": stream}
+            st, _, out = await http(gw.port, "POST", "/v1/completions", orjson.dumps(body),
+                                    {"content-type": "application/json"})
+            assert st == 200, out
+        assert [r for r, _ in seen] == ["decode", "decode"]
+        assert all("kv_transfer_params" not in b for _, b in seen)
+        assert _route(mode, "local", "short_prompt") == before + 2
+    finally:
+        await stop(gw, sims)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@run_async
+async def test_joint_choice_without_local_prefill_runs_both_legs(mode: str) -> None:
+    gw, sims, seen = await cluster(mode, pd={"joint": {"enabled": True,
+                                                       "local_prefill": False}})
+    try:
+        body = {"model": "m", "prompt": "hello there", "max_tokens": 4, "ignore_eos": True}
+        st, _, out = await http(gw.port, "POST", "/v1/completions", orjson.dumps(body),
+                                {"content-type": "application/json"})
+        assert st == 200, out
+        assert sorted(r for r, _ in seen) == ["decode", "prefill"]
+    finally:
+        await stop(gw, sims)
+
+
+@run_async
+async def test_bootstrap_never_serves_a_decode_instance_alone() -> None:
+    gw, sims, seen = await cluster("pd_bootstrap", pd={"joint": {"enabled": True}})
+    try:
+        body = {"model": "m", "prompt": "hi", "max_tokens": 2, "ignore_eos": True}
+        st, _, out = await http(gw.port, "POST", "/v1/completions", orjson.dumps(body),
+                                {"content-type": "application/json"})
+        assert st == 200, out
+        assert sorted(r for r, _ in seen) == ["decode", "prefill"]
+    finally:
+        await stop(gw, sims)

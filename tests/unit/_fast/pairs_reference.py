@@ -1,0 +1,56 @@
+"""Pure-Python reference of :func:`motor._fast.pairs.pick_pair` (same formula, same
+tie-break), for the compiled-vs-reference tests."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def _ttft(work: float, running: float, r: Sequence[float], chunk: float) -> float:
+    steps = max(1.0, math.ceil(work / chunk))
+    return steps * (r[0] + r[2] * running) + r[1] * work
+
+
+def pair_cost(p_work, p_running, p_rates, d_queued, d_uncached, d_running, d_rates, xfer,
+              p: int, d: int, decode_tokens: float, chunk: float) -> float:
+    rd = d_rates[d]
+    dec = decode_tokens * (rd[0] + rd[2] * (d_running[d] + 1.0))
+    first_d = rd[0] + rd[2] * d_running[d] + rd[1] * d_queued[d]
+    return (_ttft(p_work[p], p_running[p], p_rates[p], chunk) + xfer[p][d] * d_uncached[d]
+            + first_d + dec)
+
+
+def local_cost(d_queued, d_uncached, d_running, d_rates, d: int, decode_tokens: float,
+               chunk: float, stall_weight: float) -> float:
+    rd = d_rates[d]
+    dec = decode_tokens * (rd[0] + rd[2] * (d_running[d] + 1.0))
+    return (_ttft(d_queued[d] + d_uncached[d], d_running[d], rd, chunk)
+            + stall_weight * d_running[d] * rd[1] * d_uncached[d] + dec)
+
+
+def pick_pair(p_work, p_running, p_rates, d_queued, d_uncached, d_running, d_rates, xfer,
+              decode_tokens=0.0, chunk_tokens=8192.0, local=False, stall_weight=0.0,
+              start=0):
+    P, D = len(p_work), len(d_queued)
+    best, bp, bd = math.inf, -1, -1
+    n = P * D
+    for i in range(n):
+        j = (start % n + i) % n
+        p, d = divmod(j, D)
+        c = pair_cost(p_work, p_running, p_rates, d_queued, d_uncached, d_running, d_rates,
+                      xfer, p, d, decode_tokens, chunk_tokens)
+        if c < best:
+            best, bp, bd = c, p, d
+    lbest, ld = math.inf, -1
+    if local and D:
+        for i in range(D):
+            d = (start % D + i) % D
+            c = local_cost(d_queued, d_uncached, d_running, d_rates, d, decode_tokens,
+                           chunk_tokens, stall_weight)
+            if c < lbest:
+                lbest, ld = c, d
+    if ld >= 0 and lbest < best:
+        return -1, ld, lbest, best, lbest
+    if bp >= 0:
+        return bp, bd, best, best, lbest
+    return -1, -1, math.inf, math.inf, math.inf

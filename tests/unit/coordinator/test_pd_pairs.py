@@ -1,0 +1,64 @@
+"""motor.coordinator.policy.pairs: topology closeness, the pair and local decisions over
+endpoints, and pd.joint's config validation."""
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from motor.config.schema import CoordinatorConfig, Role
+from motor.coordinator.endpoints import EndpointState
+from motor.coordinator.policy.base import RequestInfo
+from motor.coordinator.policy.pairs import OTHER, SAME_NODE, SAME_RACK, PairChooser, closeness
+
+
+def ep(iid: str, role: Role, host: str = "10.0.0.1", port: int = 8000) -> EndpointState:
+    e = EndpointState(iid, "m", role, host, port, 0, pool=None)  # type: ignore[arg-type]
+    e.ready = True
+    return e
+
+
+def test_closeness_from_labels_and_hosts():
+    a, b = ep("p0", Role.PREFILL, "10.0.0.1"), ep("d0", Role.DECODE, "10.0.0.1", 8001)
+    c = ep("d1", Role.DECODE, "10.0.0.2")
+    assert closeness(a, b, {}) == SAME_NODE            # one host, no labels
+    assert closeness(a, c, {}) == OTHER
+    labels = {"p0": "r1/n1", "10.0.0.1:8001": "r1/n2", "10.0.0.2": "r2/n1"}
+    assert closeness(a, b, labels) == SAME_RACK
+    assert closeness(a, c, labels) == OTHER
+    assert closeness(a, ep("p9", Role.PREFILL, "10.0.0.1"), labels) == OTHER  # one unlabelled
+
+
+def chooser(**joint):
+    return PairChooser(CoordinatorConfig(pd={"joint": {"enabled": True, **joint}}))
+
+
+def test_the_pair_follows_the_topology_and_ties_are_deterministic():
+    ps = [ep("p0", Role.PREFILL, "h1"), ep("p1", Role.PREFILL, "h2")]
+    ds = [ep("d0", Role.DECODE, "h3"), ep("d1", Role.DECODE, "h2", 8001)]
+    j = chooser(local_prefill=False, topology={"h1": "r1/n1", "h2": "r2/n2", "h3": "r3/n3"})
+    info = RequestInfo("m", 4096, 16)
+    got = j.choose(info, ps, ds, local=True)
+    assert got is not None and (got.p, got.d) == (ps[1], ds[1]) and got.reason == "local_off"
+    j2 = chooser(local_prefill=False)
+    picks = [j2.choose(RequestInfo("m", 100, 4), ps[:1], ds, False) for _ in range(4)]
+    assert [c.d.instance_id for c in picks if c is not None] == ["d0", "d1", "d0", "d1"]
+
+
+def test_a_short_prompt_goes_local_and_a_busy_decode_batch_sends_it_to_a_pair():
+    ps = [ep("p0", Role.PREFILL)]
+    ds = [ep("d0", Role.DECODE)]
+    j = chooser()
+    got = j.choose(RequestInfo("m", 64, 16), ps, ds, local=True)
+    assert got is not None and got.local and got.reason == "short_prompt"
+    for _ in range(64):
+        ds[0].acquire(100, 0, 16)         # 64 sequences decoding on d0
+    got = j.choose(RequestInfo("m", 2048, 16), ps, ds, local=True)
+    assert got is not None and not got.local and got.reason == "cost"
+    assert j.choose(RequestInfo("m", 64, 16), ps, ds, local=False).p is ps[0]
+
+
+def test_bad_topology_labels_are_refused():
+    with pytest.raises(ValidationError, match="RACK/NODE"):
+        CoordinatorConfig(pd={"joint": {"topology": {"p0": "rack1"}}})
+    with pytest.raises(ValidationError):
+        CoordinatorConfig(pd={"joint": {"stall_weight": -1}})
