@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 import orjson
 from prometheus_client import Gauge
 
+from motor._fast.shmsync import full_fence
 from motor.config.schema import BreakerConfig, ControlPlaneTlsConfig, EngineKind, Role
 from motor.coordinator import metrics
 from motor.coordinator.admission import SlotQueue
@@ -184,6 +185,20 @@ class EndpointState:
         of the shared load table when ``coordinator.workers`` > 1)."""
         sh = self.shared
         return self.inflight if sh is None else sh.totals()[0]
+
+    def over_cap(self) -> bool:
+        """After this worker counted a request here (:meth:`acquire`): whether the whole
+        coordinator is now above :attr:`max_inflight` because another worker took the last
+        slot at the same instant. A full memory fence (:func:`motor._fast.shmsync.
+        full_fence`) between this worker's count and its read of the others' rows makes two
+        workers racing for one slot see each other, so at least one backs off (both, at
+        worst: the slot stays free for the next one). False without a cap or with one
+        worker (its event loop cannot race itself)."""
+        sh = self.shared
+        if not self.max_inflight or sh is None:
+            return False
+        full_fence()
+        return sh.totals()[0] > self.max_inflight
 
     def engine_waiting(self, now: float, max_age_s: float) -> float:
         """Requests the engine last reported waiting (the multi-worker scrape of its

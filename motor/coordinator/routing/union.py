@@ -358,6 +358,9 @@ class UnionPath(RequestPath):
                        stream: bool, retry_also: frozenset[int]) -> Fail | Whole | Opened | Retry:
         s = self.s
         lease = ep.lease(load.tokens, info.prefill_tokens, load.decode_tokens)
+        if ep.max_inflight and ep.over_cap():   # another worker took its last slot just now
+            lease.release()
+            return Retry(f"{ep.url} at its limit of {ep.max_inflight} requests in flight")
         self.policy.routed(ep, info)
         if self.policy.learns_ttft:
             lease.watch(self.policy.watch(ep, info))

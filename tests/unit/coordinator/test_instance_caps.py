@@ -112,6 +112,29 @@ async def test_with_several_workers_the_cap_counts_the_whole_coordinator(shared)
 
 
 @run_async
+async def test_two_workers_taking_the_last_slot_at_once_see_each_other(shared) -> None:
+    # worker 0 and worker 1 both found 1 of 2 slots in use and counted their request; the
+    # one that reads the table after that (fence first) sees the cap passed and backs off
+    t = EndpointTable(Client())
+    t.apply(_table(2))
+    (ep,) = t.all(Role.UNION)
+    ep.shared = shared.cell(0, 0, 1)
+    other = shared.cell(1, 0, 1)
+    with ep.lease():
+        assert not ep.over_cap()               # 1 of 2: room
+        other.acquire(0, 0, 0)                 # worker 1's first request
+        with ep.lease() as mine:               # worker 0 takes what it saw as the last slot
+            other.acquire(0, 0, 0)             # ... and so does worker 1, at once
+            assert ep.inflight_total() == 4 and ep.over_cap()
+            mine.release()                     # worker 0 backs off
+        other.release(0, 0, 0)
+        assert ep.inflight_total() == 2 and not ep.over_cap()
+    ep.shared = None
+    with ep.lease():                           # one worker: never over by its own count
+        assert not ep.over_cap()
+
+
+@run_async
 async def test_an_engine_reporting_a_queue_is_skipped_while_another_has_none(shared) -> None:
     t = EndpointTable(Client())
     t.apply(_table(None, None))

@@ -1,0 +1,3 @@
+"""Type stubs for motor._fast.shmsync (memory ordering between processes)."""
+
+def full_fence() -> None: ...
