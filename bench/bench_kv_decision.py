@@ -4,7 +4,9 @@ Budget (issue 19): the routing decision p99 < 25 us at 32k tokens and 64 candida
 Measured: ``KvAffinity.pick`` (the match of 2048 blocks in the approximate index, held by
 16 of 64 endpoints, the load columns, the learned rates, the compiled argmin) for a request
 of 32768 prompt tokens, with ``coordinator.kv.cost: time`` (``pick_ttft``) and ``tokens``
-(``pick``), and the compiled scorers alone. Per call (pedantic, 1 iteration per round), so
+(``pick``), with and without a session whose last endpoint is the 61st candidate
+(``coordinator.kv.session``: its table lookup and candidate scan), and the compiled
+scorers alone. Per call (pedantic, 1 iteration per round), so
 ``extra_info["p99_us"]`` is a per-call percentile.
 
 Run::
@@ -46,8 +48,9 @@ def pool():
     p.close()
 
 
+@pytest.mark.parametrize("session", [False, True], ids=["no-session", "session"])
 @pytest.mark.parametrize("cost", ["time", "tokens"])
-def test_kv_affinity_decision(benchmark, pool, cost):
+def test_kv_affinity_decision(benchmark, pool, cost, session):
     benchmark.group = f"kv_affinity.pick[tokens={PROMPT_TOKENS},endpoints={N}]"
     rng = np.random.default_rng(5)
     eps = []
@@ -65,6 +68,12 @@ def test_kv_affinity_decision(benchmark, pool, cost):
         policy.rates.observe(router.slot(ep.key), (1.0, 4.0, 3000.0), 0.2)
     info = RequestInfo("m", PROMPT_TOKENS, 128)
     info.block_hashes = hashes
+    if session:
+        assert policy.sessions is not None
+        for k in range(1000):
+            policy.sessions.routed(f"other-{k}", eps[k % N].key)
+        policy.sessions.routed(b"conversation-7", eps[60].key)
+        info.session = b"conversation-7"
     ep = benchmark.pedantic(policy.pick, (eps, info, None), rounds=3000, iterations=1,
                             warmup_rounds=100)
     assert ep in eps

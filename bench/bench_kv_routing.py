@@ -184,6 +184,9 @@ def main() -> int:
     p.add_argument("--tokens-cost", action="store_true",
                    help="also run kv_affinity (KV events) with coordinator.kv.cost: tokens (the "
                         "earlier cost in prompt-token equivalents) for comparison")
+    p.add_argument("--second-config", default="",
+                   help="also run kv_affinity (KV events) with this cluster config file (e.g. "
+                        "another coordinator.kv.ttft setting) for comparison")
     p.add_argument("--json-out", default="",
                    help="write each policy's mean / p99 TTFT, cached share and requests per "
                         "sim to this JSON file (bench/bench_kv_sweep.py reads it)")
@@ -209,20 +212,25 @@ def main() -> int:
         plan = plan[1:]
     if a.tokens_cost:
         plan.append(("kv_affinity (KV events, tokens cost)", "kv_affinity", True, 4, blocks))
+    if a.second_config:
+        plan.append(("kv_affinity (KV events, second config)", "kv_affinity", True, 4, blocks))
     for label, policy, events, n, extra in plan:
         tokens = "tokens cost" in label
+        second = "second config" in label
         if only is not None and label.split()[0] + ("-ev" if events else "") not in only \
                 and label.split()[0] != "oracle" and label.split()[0] != "round_robin" \
-                and not tokens:
+                and not tokens and not second:
             continue
         saved_cfg = a.coordinator_config
+        if second:
+            a.coordinator_config = a.second_config
         if tokens:
             a.coordinator_config = f"{tmp}/tokens-cost.yaml"
             with open(a.coordinator_config, "w") as f:
                 f.write("coordinator:\n  kv:\n    cost: tokens\n")
         try:
-            r = run(label.split()[0] + ("-ev" if events else "") + ("-tokens" if tokens else ""),
-                    policy, events, n, a, tmp, extra)
+            r = run(label.split()[0] + ("-ev" if events else "") + ("-tokens" if tokens else "")
+                    + ("-second" if second else ""), policy, events, n, a, tmp, extra)
         finally:
             a.coordinator_config = saved_cfg
         rows.append((label, r))

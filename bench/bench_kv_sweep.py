@@ -37,6 +37,7 @@ WORKLOADS = (("multi-turn, c=4", ["--concurrency", "4"]),
              ("8 prompts x 4 conversations, c=8", ["--groups", "8", "--concurrency", "8"]))
 KV = "kv_affinity (KV events)"
 TOK = "kv_affinity (KV events, tokens cost)"
+SECOND = "kv_affinity (KV events, second config)"
 
 
 def main() -> int:
@@ -45,6 +46,9 @@ def main() -> int:
     p.add_argument("--workloads", default="", help="comma list of indexes into the four "
                    "workloads (0: c=4, 1: c=8, 2: c=16, 3: shared prompts); default all")
     p.add_argument("--tokens-cost", action="store_true")
+    p.add_argument("--second-config", default="",
+                   help="a cluster config for a second kv_affinity run per workload (e.g. the "
+                        "time cost with other ttft settings), shown as `second config`")
     p.add_argument("--coordinator-config", default="",
                    help="cluster config for kv_affinity (default: one with kv.cost: time)")
     p.add_argument("--out", default="", help="directory for the per-run JSON (default: a "
@@ -68,15 +72,18 @@ def main() -> int:
                        "--only", "kv_affinity-ev", "--seed", str(seed), "--json-out", js, *args]
                 if a.tokens_cost:
                     cmd.append("--tokens-cost")
+                if a.second_config:
+                    cmd += ["--second-config", a.second_config]
                 if a.coordinator_config:
                     cmd += ["--coordinator-config", a.coordinator_config]
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             with open(js) as f:
                 rows.append((name, seed, json.load(f)))
             print(f"done: {name}, seed {seed}", file=sys.stderr)
-    pols = [KV, TOK] if a.tokens_cost else [KV]
+    pols = [KV] + ([TOK] if a.tokens_cost else []) + ([SECOND] if a.second_config else [])
+    names = {KV: "kv_affinity", TOK: "tokens cost", SECOND: "second config"}
     head = ("| workload | seed | round_robin mean / p99 TTFT (ms) | " + " | ".join(
-        f"{'kv_affinity' if q == KV else 'tokens cost'} mean / p99 (ms) | mean ratio | "
+        f"{names[q]} mean / p99 (ms) | mean ratio | "
         f"p99 ratio | requests per instance (max / fair)" for q in pols) + " |")
     print(head)
     print("|" + "---|" * (3 + 4 * len(pols)))

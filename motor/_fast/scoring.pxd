@@ -14,6 +14,8 @@ cdef struct ScoreParams:
     double w_decode                  # weight of in-flight decode tokens
     double w_queue                   # weight of waiting requests
     double guard_factor              # <= 0: no load guard
+    Py_ssize_t favored               # instance index given a credit (session), -1: none
+    double favored_credit            # prompt-token equivalents off the favored one's cost
 
 
 cdef struct ScoreInputs:
@@ -43,6 +45,9 @@ cdef struct TtftInputs:
     double prompt_tokens
     double chunk_tokens              # prefill tokens per engine step (chunked prefill budget)
     double saved_per_block[SCORING_N_TIERS]   # block_size * tier credit
+    Py_ssize_t favored               # instance index given a credit (session), -1: none
+    double favored_credit            # seconds off the favored one's predicted TTFT
+    double stall_weight              # weight of running[i] x the request's prefill time
 
 
 # Predicted TTFT (seconds) per candidate into ttft[k] (may be NULL); returns the position

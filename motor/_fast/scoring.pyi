@@ -23,8 +23,11 @@ def pick(
     w_queue: float = 0.0,
     guard_factor: float = 0.0,
     start: int = 0,
+    favored: int = -1,
+    favored_credit: float = 0.0,
 ) -> tuple[int, float]:
-    """(instance index, cost in prefill-token equivalents); (-1, inf) without candidates."""
+    """(instance index, cost in prefill-token equivalents, without the favored one's
+    credit); (-1, inf) without candidates."""
 
 def costs(
     overlap: npt.NDArray[np.int32],
@@ -56,5 +59,8 @@ def pick_ttft(
     chunk_tokens: float = 8192.0,
     start: int = 0,
     out: _F64 | None = None,
+    favored: int = -1,
+    favored_credit: float = 0.0,
+    stall_weight: float = 0.0,
 ) -> tuple[int, float]:
     """(instance index, predicted TTFT in seconds); (-1, inf) without candidates."""

@@ -36,8 +36,20 @@ learned by :class:`motor.coordinator.policy.ttft.RateModel`)::
 
 (the request's prefill waits behind the prefill work queued on ``i`` and runs in
 ``steps_i`` chunked steps, each paying the fixed step cost and the decode batch).
-Tie-break: lowest TTFT, then lowest queued time ``prefill_s_per_token[i] *
+The candidates are compared on ``ttft_i + stall_weight * running[i] *
+prefill_s_per_token[i] * uncached_i``: the request's own TTFT plus the time its prefill
+holds up the ``running[i]`` sequences already in ``i``'s batch (their next token waits for
+the step that carries it). Without that term a request with nothing cached anywhere (a
+conversation's first turn) goes to whichever instance's rates are a little faster, and its
+later turns follow their cache there; with it, to the instance with the fewest sequences.
+The value returned (and written to ``out``) is ``ttft_i`` alone.
+Tie-break: lowest compared value, then lowest queued time ``prefill_s_per_token[i] *
 queued_tokens[i] + decode_s_per_seq[i] * running[i]``, then rotation from ``start``.
+
+Session affinity (both costs): one ``favored`` instance may get a bounded credit
+(``favored_credit``: prompt-token equivalents for :func:`pick`, seconds for
+:func:`pick_ttft`) taken off its cost for the comparison only; the cost returned and
+written to ``out`` is always the uncredited one.
 """
 from libc.stdint cimport int32_t, int64_t
 from libc.math cimport INFINITY, ceil
@@ -51,6 +63,24 @@ cnp.import_array()
 
 #: True when compiled with ``-DMOTOR_DEBUG=1``.
 DEBUG = bool(MOTOR_DEBUG)
+
+
+cdef inline Py_ssize_t _position(const int32_t *c32, const int64_t *c64, Py_ssize_t k,
+                                 Py_ssize_t inst) noexcept nogil:
+    """Position of instance ``inst`` among the candidates, -1 when it is none of them."""
+    cdef Py_ssize_t j
+    if c32 == NULL and c64 == NULL:
+        return inst if 0 <= inst < k else -1
+    for j in range(k):
+        if (c32[j] if c32 != NULL else c64[j]) == inst:
+            return j
+    return -1
+
+
+cdef inline bint _rotates_first(Py_ssize_t a, Py_ssize_t b, Py_ssize_t start,
+                                Py_ssize_t k) noexcept nogil:
+    """Whether position ``a`` comes before ``b`` in the rotation from ``start``."""
+    return (a - start + k) % k < (b - start + k) % k
 
 
 cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t start,
@@ -99,6 +129,26 @@ cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t
             best_c = cost
             best_l = load
             best = pos
+    if p.favored >= 0 and p.favored_credit > 0.0:
+        # only the favored one's value moved (down): it is the argmin, or the argmin stays
+        pos = _position(x.cand32, x.cand64, x.k, p.favored)
+        if pos >= 0 and pos != best:
+            i = p.favored
+            ov = x.overlap + 3 * i
+            load = (p.w_prefill * x.prefill_tokens[i] + p.w_decode * x.decode_tokens[i]
+                    + p.w_queue * x.queue[i])
+            saved = bs0 * ov[0] + bs1 * ov[1] + bs2 * ov[2]
+            if load > guard:
+                saved = 0.0
+            left = p.prompt_tokens - saved
+            if left < 0.0:
+                left = 0.0
+            cost = left + load
+            if (cost - p.favored_credit < best_c or (cost - p.favored_credit == best_c and (
+                    load < best_l or (load == best_l and _rotates_first(pos, best, start,
+                                                                        x.k))))):
+                best_c = cost
+                best = pos
     best_cost[0] = best_c
     return best
 
@@ -121,7 +171,8 @@ cdef inline const double *_f64(object arr, str name, Py_ssize_t n) except NULL:
 cdef int _prepare(ScoreParams *p, ScoreInputs *x, object overlap, Py_ssize_t prompt_tokens,
                   Py_ssize_t block_size, object tier_credit, object prefill_tokens,
                   object decode_tokens, object queue, object candidates, double w_prefill,
-                  double w_decode, double w_queue, double guard_factor) except -1:
+                  double w_decode, double w_queue, double guard_factor,
+                  Py_ssize_t favored=-1, double favored_credit=0.0) except -1:
     cdef cnp.ndarray ov, cand
     cdef const double *credit
     cdef Py_ssize_t n, j, v
@@ -179,13 +230,15 @@ cdef int _prepare(ScoreParams *p, ScoreInputs *x, object overlap, Py_ssize_t pro
     p.w_decode = w_decode
     p.w_queue = w_queue
     p.guard_factor = guard_factor
+    p.favored = favored
+    p.favored_credit = favored_credit
     return 0
 
 
 def pick(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
          prefill_tokens, decode_tokens, queue, candidates=None, double w_prefill=1.0,
          double w_decode=0.0, double w_queue=0.0, double guard_factor=0.0,
-         Py_ssize_t start=0):
+         Py_ssize_t start=0, Py_ssize_t favored=-1, double favored_credit=0.0):
     """Cheapest candidate for a request (see the module docstring for the cost).
 
     Parameters
@@ -211,12 +264,17 @@ def pick(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
         other candidates gets no cache credit. 0 (default) disables the guard.
     start : int, optional
         Rotation offset for the last tie-break (position in ``candidates``).
+    favored, favored_credit : int, float, optional
+        Instance index (0..n-1; -1 = none, the default) whose cost is lowered by
+        ``favored_credit`` prompt-token equivalents for the comparison only (session
+        affinity: a soft preference, bounded by the credit).
 
     Returns
     -------
     (int, float)
         The chosen instance index (an element of ``candidates``) and its cost in
-        prefill-token equivalents; ``(-1, inf)`` when there is no candidate.
+        prefill-token equivalents (without the credit); ``(-1, inf)`` when there is no
+        candidate.
 
     Raises
     ------
@@ -231,7 +289,8 @@ def pick(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
     cdef double best_cost
     cdef Py_ssize_t pos
     _prepare(&p, &x, overlap, prompt_tokens, block_size, tier_credit, prefill_tokens,
-             decode_tokens, queue, candidates, w_prefill, w_decode, w_queue, guard_factor)
+             decode_tokens, queue, candidates, w_prefill, w_decode, w_queue, guard_factor,
+             favored, favored_credit)
     pos = score_ptr(&p, &x, start, NULL, &best_cost)
     if pos < 0:
         return -1, best_cost
@@ -278,11 +337,28 @@ def costs(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
 
 # ------------------------------------------------------------------ time-based cost
 
+cdef inline double _ttft_of(const TtftInputs *x, Py_ssize_t i, double *compared) noexcept nogil:
+    """Predicted TTFT (s) of instance ``i``; ``compared[0]``: it plus the stall term."""
+    cdef const int32_t *ov = x.overlap + 3 * i
+    cdef const double *r = x.rates + TTFT_N_RATES * i
+    cdef double unc, work, steps, t
+    unc = x.prompt_tokens - (x.saved_per_block[0] * ov[0] + x.saved_per_block[1] * ov[1]
+                             + x.saved_per_block[2] * ov[2])
+    if unc < 0.0:
+        unc = 0.0
+    work = x.queued_tokens[i] + unc
+    steps = ceil(work / x.chunk_tokens)
+    if steps < 1.0:
+        steps = 1.0
+    t = steps * (r[0] + r[2] * x.running[i]) + r[1] * work
+    compared[0] = t + x.stall_weight * x.running[i] * r[1] * unc
+    return t
+
+
 cdef Py_ssize_t ttft_ptr(const TtftInputs *x, Py_ssize_t start, double *ttft,
                          double *best_ttft) noexcept nogil:
     cdef Py_ssize_t pos, q, i, best = -1
-    cdef double saved, work, steps, t, queued_t, best_t = INFINITY, best_q = INFINITY
-    cdef const int32_t *ov
+    cdef double t, eff, queued_t, best_t = INFINITY, best_q = INFINITY, best_real = INFINITY
     cdef const double *r
     if x.k <= 0:
         best_ttft[0] = INFINITY
@@ -296,40 +372,48 @@ cdef Py_ssize_t ttft_ptr(const TtftInputs *x, Py_ssize_t start, double *ttft,
             pos -= x.k
         i = x.cand32[pos] if x.cand32 != NULL else (
             x.cand64[pos] if x.cand64 != NULL else pos)
-        ov = x.overlap + 3 * i
-        r = x.rates + TTFT_N_RATES * i
-        saved = (x.saved_per_block[0] * ov[0] + x.saved_per_block[1] * ov[1]
-                 + x.saved_per_block[2] * ov[2])
-        work = x.prompt_tokens - saved
-        if work < 0.0:
-            work = 0.0
-        work = x.queued_tokens[i] + work
-        steps = ceil(work / x.chunk_tokens)
-        if steps < 1.0:
-            steps = 1.0
-        t = steps * (r[0] + r[2] * x.running[i]) + r[1] * work
+        t = _ttft_of(x, i, &eff)
         if ttft != NULL:
             ttft[pos] = t
-        if t < best_t or t == best_t:
+        if eff <= best_t:
+            r = x.rates + TTFT_N_RATES * i
             queued_t = r[1] * x.queued_tokens[i] + r[2] * x.running[i]
-            if t < best_t or queued_t < best_q:
-                best_t = t
+            if eff < best_t or queued_t < best_q:
+                best_t = eff
                 best_q = queued_t
+                best_real = t
                 best = pos
-    best_ttft[0] = best_t
+    if x.favored >= 0 and x.favored_credit > 0.0:
+        # only the favored one's value moved (down): it is the argmin, or the argmin stays
+        pos = _position(x.cand32, x.cand64, x.k, x.favored)
+        if pos >= 0 and pos != best:
+            i = x.favored
+            t = _ttft_of(x, i, &eff)
+            eff -= x.favored_credit
+            r = x.rates + TTFT_N_RATES * i
+            queued_t = r[1] * x.queued_tokens[i] + r[2] * x.running[i]
+            if eff < best_t or (eff == best_t and (
+                    queued_t < best_q or (queued_t == best_q and _rotates_first(
+                        pos, best, start, x.k)))):
+                best_real = t
+                best = pos
+    best_ttft[0] = best_real
     return best
 
 
 cdef int _prepare_ttft(TtftInputs *x, object overlap, Py_ssize_t prompt_tokens,
                        Py_ssize_t block_size, object tier_credit, object queued_tokens,
                        object running, object rates, object candidates,
-                       double chunk_tokens) except -1:
+                       double chunk_tokens, Py_ssize_t favored=-1,
+                       double favored_credit=0.0, double stall_weight=0.0) except -1:
     cdef ScoreParams p
     cdef ScoreInputs s
     cdef cnp.ndarray rt
     cdef int t
     if not chunk_tokens > 0.0:
         raise ValueError(f"chunk_tokens is expected to be > 0, got {chunk_tokens}")
+    if not stall_weight >= 0.0:
+        raise ValueError(f"stall_weight is expected to be >= 0, got {stall_weight}")
     if isinstance(overlap, cnp.ndarray) and cnp.PyArray_NDIM(<cnp.ndarray>overlap) == 2:
         # named checks of our own columns before the shared ones (overlap, credit, candidates)
         _f64(queued_tokens, "queued_tokens", cnp.PyArray_DIM(<cnp.ndarray>overlap, 0))
@@ -356,6 +440,9 @@ cdef int _prepare_ttft(TtftInputs *x, object overlap, Py_ssize_t prompt_tokens,
     x.k = s.k
     x.prompt_tokens = p.prompt_tokens
     x.chunk_tokens = chunk_tokens
+    x.favored = favored
+    x.favored_credit = favored_credit
+    x.stall_weight = stall_weight
     for t in range(SCORING_N_TIERS):
         x.saved_per_block[t] = p.block_size * p.credit[t]
     return 0
@@ -363,7 +450,8 @@ cdef int _prepare_ttft(TtftInputs *x, object overlap, Py_ssize_t prompt_tokens,
 
 def pick_ttft(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
               queued_tokens, running, rates, candidates=None, double chunk_tokens=8192.0,
-              Py_ssize_t start=0, out=None):
+              Py_ssize_t start=0, out=None, Py_ssize_t favored=-1,
+              double favored_credit=0.0, double stall_weight=0.0):
     """Candidate with the lowest predicted TTFT (see the module docstring for the model).
 
     Parameters
@@ -392,12 +480,20 @@ def pick_ttft(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_cre
         Rotation offset for the last tie-break (position in ``candidates``).
     out : numpy.ndarray of float64, shape (k,), optional
         Filled with each candidate's predicted TTFT in seconds, in candidate order.
+    favored, favored_credit : int, float, optional
+        Instance index (0..n-1; -1 = none, the default) whose predicted TTFT is lowered
+        by ``favored_credit`` seconds for the comparison only (session affinity).
+    stall_weight : float, optional
+        >= 0 (default 0): each candidate is compared at its TTFT plus ``stall_weight`` x
+        ``running[i]`` x ``prefill_s_per_token[i]`` x the request's uncached tokens, the
+        time its prefill holds up the sequences already in ``i``'s batch (see the module
+        docstring).
 
     Returns
     -------
     (int, float)
         The chosen instance index (an element of ``candidates``) and its predicted TTFT
-        in seconds; ``(-1, inf)`` when there is no candidate.
+        in seconds (without the credit); ``(-1, inf)`` when there is no candidate.
 
     Raises
     ------
@@ -413,7 +509,8 @@ def pick_ttft(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_cre
     cdef cnp.ndarray oa
     cdef Py_ssize_t pos
     _prepare_ttft(&x, overlap, prompt_tokens, block_size, tier_credit, queued_tokens,
-                  running, rates, candidates, chunk_tokens)
+                  running, rates, candidates, chunk_tokens, favored, favored_credit,
+                  stall_weight)
     if out is not None:
         if not isinstance(out, cnp.ndarray):
             raise TypeError(f"out is expected to be a numpy float64 array, "

@@ -24,6 +24,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("coordinator.kv", schema.KvRoutingConfig),
     ("coordinator.kv.tier_credit", schema.KvTierCreditConfig),
     ("coordinator.kv.ttft", schema.KvTtftConfig),
+    ("coordinator.kv.session", schema.KvSessionConfig),
     ("coordinator.kv.events", schema.KvEventsConfig),
     ("coordinator.kv.approximate", schema.KvApproximateConfig),
     ("coordinator.pd", schema.PdConfig),

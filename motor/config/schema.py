@@ -296,6 +296,11 @@ class KvTtftConfig(_Strict):
     chunk_tokens: int = Field(8192, ge=1, description="prefill tokens an engine step computes at "
                                                       "most (vLLM `max_num_batched_tokens`)")
     learn: bool = Field(True, description="fit each instance's rates to its observed TTFT")
+    stall_weight: float = Field(
+        1.0, ge=0, description="instances are compared on the request's predicted TTFT plus "
+                               "this x the time its uncached prefill holds up the sequences "
+                               "already running there (running x prefill s/token x tokens); "
+                               "0 = the TTFT alone")
     halflife_requests: float = Field(64.0, gt=0, description="an observation's weight in the fit "
                                                              "halves after this many newer ones "
                                                              "of the same instance")
@@ -340,6 +345,26 @@ class KvEventsConfig(_Strict):
                     "address `[bind:]tcp://HOST:PORT[;replay=ENDPOINT]` (also `--kv-events URL=ADDRESS`)")
 
 
+class KvSessionConfig(_Strict):
+    """Session affinity of `kv_affinity`: a soft preference for the endpoint that served
+    the session's last request (motor/coordinator/policy/sessions.py)."""
+    enabled: bool = Field(True, description="lean a session's requests to its last endpoint")
+    header: str = Field("x-session-id", min_length=1, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$",
+                        description="request header naming the session (case-insensitive); "
+                                    "without it, the body's `user` field (`user_field`)")
+    user_field: bool = Field(True, description="without the header, the request body's `user` "
+                                               "(OpenAI's end-user id) names the session")
+    credit_tokens: float = Field(
+        1024.0, ge=0, description="how much cheaper the session's last endpoint is, in prompt "
+                                  "tokens: `cost: tokens` takes this many prompt-token "
+                                  "equivalents off its cost, `cost: time` this many tokens at "
+                                  "that instance's prefill time per token (seconds); never more, "
+                                  "so a larger load difference wins; 0 = off")
+    max_sessions: int = Field(65536, ge=1, description="sessions remembered per coordinator worker "
+                                                       "(the least recently routed forgotten "
+                                                       "first)")
+
+
 class KvRoutingConfig(_Strict):
     """KV-cache-aware routing (policy `kv_affinity`), see docs/kv-routing.md."""
     block_size: int = Field(16, ge=1, le=4096, description="tokens per block of motor's prefix index; "
@@ -357,6 +382,7 @@ class KvRoutingConfig(_Strict):
                                                      "`decode_weight`, `queue_penalty_tokens`, "
                                                      "`load_guard`)")
     ttft: KvTtftConfig = Field(default_factory=KvTtftConfig)
+    session: KvSessionConfig = Field(default_factory=KvSessionConfig)
     prefill_weight: float = Field(0.25, ge=0, description="cost per uncached prompt token in flight on "
                                                            "an instance (in flight until the answer ends, "
                                                            "so it counts prefills already done: < 1)")

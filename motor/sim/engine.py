@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from collections.abc import Callable, Sequence as Seq
 
 from motor.protocol.chat_tokenizer import IM_END_ID
-from motor.sim.kv import ROOT_PARENT, BlockPool, hash_block
+from motor.sim.kv import BlockPool, hash_block, lora_root
 from motor.sim.metrics import SimMetrics
 
 logger = logging.getLogger(__name__)
@@ -158,10 +158,14 @@ class EngineRequest:
     """The sequences of one HTTP request and the wake-up channel to its handler."""
 
     __slots__ = ("id", "seqs", "stream", "sampling", "arrival", "dirty", "waiter", "done",
-                 "num_unfinished", "pending", "aborted")
+                 "num_unfinished", "pending", "aborted", "lora_name", "kv_loaded")
 
-    def __init__(self, request_id: str, stream: bool, sampling: SamplingSpec) -> None:
+    def __init__(self, request_id: str, stream: bool, sampling: SamplingSpec,
+                 lora_name: str | None = None) -> None:
         self.id = request_id
+        #: the LoRA adapter the request runs under (None: the base model); its blocks hash
+        #: apart (motor.sim.kv.lora_root)
+        self.lora_name = lora_name
         self.seqs: list[Sequence] = []
         self.stream = stream
         self.sampling = sampling
@@ -172,6 +176,10 @@ class EngineRequest:
         self.num_unfinished = 0
         self.pending = False
         self.aborted = False
+        #: the prompts' KV came from a prefill instance (a PD pull / push / rendezvous):
+        #: their whole blocks but the last token count as computed at the first schedule,
+        #: as vLLM's connector reports them (num_external_computed_tokens), and are cached
+        self.kv_loaded = False
 
     def wake(self) -> None:
         w = self.waiter
@@ -261,6 +269,8 @@ class Engine:
         self.num_preemptions = 0
         self.num_prefix_queries = 0
         self.num_prefix_hits = 0
+        #: prompt tokens whose KV came from a prefill instance (EngineRequest.kv_loaded)
+        self.num_loaded_tokens = 0
         #: high-water marks: sequences in the running batch, and sequences held at once
         #: (running + waiting: what a gateway's per-instance cap bounds)
         self.max_running = 0
@@ -420,7 +430,7 @@ class Engine:
     def _extend_hashes(self, s: Sequence, n_blocks: int) -> None:
         hashes, tokens, bs = s.hashes, s.tokens, self.cfg.block_size
         k = len(hashes)
-        parent = hashes[-1] if hashes else ROOT_PARENT
+        parent = hashes[-1] if hashes else lora_root(s.req.lora_name)
         while k < n_blocks:
             parent = hash_block(parent, tokens[k * bs:(k + 1) * bs])
             hashes.append(parent)
@@ -468,6 +478,12 @@ class Engine:
                         s.blocks = list(hits)
                         s.num_computed = len(hits) * cfg.block_size
                         s.num_cached_blocks = len(hits)
+                    if s.req.kv_loaded and s.first_scheduled == 0.0:
+                        # loaded, not computed: blocks for them are allocated below
+                        loaded = (s.prompt_len - 1) // cfg.block_size * cfg.block_size
+                        if loaded > s.num_computed:
+                            self.num_loaded_tokens += loaded - s.num_computed
+                            s.num_computed = loaded
                     if not s.prefix_checked:
                         s.prefix_checked = True
                         if s.first_scheduled == 0.0:
@@ -519,7 +535,7 @@ class Engine:
                     self._extend_hashes(s, full)
                     pool.cache_blocks(s.blocks[nc:full], s.hashes[nc:full],
                                       s.hashes[nc - 1] if nc else None,
-                                      s.tokens[nc * bs:full * bs])
+                                      s.tokens[nc * bs:full * bs], s.req.lora_name)
                     s.num_cached_blocks = full
             if s.num_computed < len(s.tokens):
                 continue  # prefill chunk, more to come
@@ -633,6 +649,7 @@ class Engine:
             "kv_cached_blocks": len(self.pool.cached),
             "prefix_cache_queries": self.num_prefix_queries,
             "prefix_cache_hits": self.num_prefix_hits,
+            "kv_loaded_tokens": self.num_loaded_tokens,
             "alive": self.alive,
             "hanging": self.hanging,
             "slow_factor": self.slow_factor,

@@ -10,7 +10,11 @@ hash. Blocks that never got a hash are handed out before cached ones.
 
 Block hashes here are motor's simple Python chain ``hash((parent, tuple(tokens)))``
 reduced to 64 bits (deterministic across processes: ints and tuples of ints are not
-salted by ``PYTHONHASHSEED``). The first block's parent is :data:`ROOT_PARENT`.
+salted by ``PYTHONHASHSEED``). The first block's parent is :data:`ROOT_PARENT`, or for a
+request under a LoRA adapter :func:`lora_root` of its name: an adapter's blocks never
+share a hash with the base model's or another adapter's (vLLM puts the LoRA name in its
+block hashes' extra keys), and their ``BlockStored`` events name the adapter
+(``lora_name``).
 
 When ``record_events`` is on, the pool keeps the KV events of the current step
 (``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` as plain tuples) for the
@@ -18,12 +22,23 @@ engine to publish; see :meth:`BlockPool.take_events`.
 """
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
 MASK64 = (1 << 64) - 1
 #: parent hash used for a sequence's first block
 ROOT_PARENT = 0
+
+
+def lora_root(lora_name: str | None) -> int:
+    """The first block's parent of a sequence computed under ``lora_name`` (:data:`ROOT_PARENT`
+    for the base model): a stable 64-bit value of the name (BLAKE2b), never 0."""
+    if not lora_name:
+        return ROOT_PARENT
+    v = int.from_bytes(hashlib.blake2b(lora_name.encode(), digest_size=8,
+                                       person=b"motor-sim-lora").digest(), "little")
+    return v or 1
 
 
 def hash_block(parent: int, tokens: Sequence[int]) -> int:
@@ -57,8 +72,8 @@ class BlockPool:
         self.cached: dict[int, int] = {}  # block hash -> block id
         # free blocks, eviction order first (hashless ones are moved to the front)
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
-        # events of the current step: ("stored", [hashes], parent, [token ids]) /
-        # ("removed", [hashes]) / ("cleared",)
+        # events of the current step: ("stored", [hashes], parent, [token ids]) with a fifth
+        # item lora_name for an adapter's blocks / ("removed", [hashes]) / ("cleared",)
         self.events: list[tuple] = []
 
     # -- queries --------------------------------------------------------------------------
@@ -129,11 +144,12 @@ class BlockPool:
                     free.move_to_end(b, last=False)
 
     def cache_blocks(self, blocks: Sequence[int], hashes: Sequence[int], parent: int | None,
-                     tokens: Sequence[int]) -> None:
+                     tokens: Sequence[int], lora_name: str | None = None) -> None:
         """Enter full, computed ``blocks`` with their ``hashes`` into the prefix cache.
 
         ``parent`` is the hash of the block before the first one (None for a
-        sequence's first block) and ``tokens`` the token ids of all of them, for the
+        sequence's first block), ``tokens`` the token ids of all of them and ``lora_name``
+        the adapter they were computed under (None: the base model), for the
         ``BlockStored`` event.
         """
         if not self.enable_prefix_caching:
@@ -150,13 +166,15 @@ class BlockPool:
             stored.append(h)
         if stored and self.record_events:
             if len(stored) == len(blocks):
-                self.events.append(("stored", stored, parent, list(tokens)))
+                self.events.append(("stored", stored, parent, list(tokens))
+                                   + ((lora_name,) if lora_name else ()))
             else:  # rare: some were duplicates; report those we stored one by one
                 bs = self.block_size
                 prev = parent
                 for i, (b, h) in enumerate(zip(blocks, hashes)):
                     if block_hash[b] == h and cached.get(h) == b and h in stored:
-                        self.events.append(("stored", [h], prev, list(tokens[i * bs:(i + 1) * bs])))
+                        self.events.append(("stored", [h], prev, list(tokens[i * bs:(i + 1) * bs]))
+                                           + ((lora_name,) if lora_name else ()))
                     prev = h
 
     def reset_prefix_cache(self) -> bool:

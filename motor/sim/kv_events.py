@@ -9,7 +9,7 @@ Events are tagged maps (vLLM >= 0.26)::
 
     {"type": "BlockStored", "block_hashes": [uint64...], "parent_block_hash": uint64 | None,
      "token_ids": [int...], "block_size": int, "lora_id": None, "medium": "GPU",
-     "lora_name": None}
+     "lora_name": str | None}      (the LoRA adapter the blocks were computed under)
     {"type": "BlockRemoved", "block_hashes": [uint64...], "medium": "GPU"}
     {"type": "AllBlocksCleared"}
 
@@ -59,7 +59,7 @@ def encode_events(events: list[tuple], block_size: int) -> list[dict[str, object
         if kind == "stored":
             out.append({"type": "BlockStored", "block_hashes": ev[1], "parent_block_hash": ev[2],
                         "token_ids": ev[3], "block_size": block_size, "lora_id": None,
-                        "medium": MEDIUM_GPU, "lora_name": None})
+                        "medium": MEDIUM_GPU, "lora_name": ev[4] if len(ev) > 4 else None})
         elif kind == "removed":
             out.append({"type": "BlockRemoved", "block_hashes": ev[1], "medium": MEDIUM_GPU})
         elif kind == "cleared":

@@ -94,6 +94,8 @@ class Plan:
     push_to: tuple[str, int, list[str]] | None = None
     rooms: list[int] = field(default_factory=list)
     force_max_tokens_1: bool = False
+    #: decode role: the prompts' KV arrived from the prefill instance (not recomputed here)
+    kv_loaded: bool = False
 
 
 def _blocks(prompts: list[list[int]], block_size: int) -> int:
@@ -193,10 +195,12 @@ class PdSim:
         if ktp and ktp.get("do_remote_prefill"):
             if ktp.get("metaserver"):
                 await self._callback_and_wait(ktp["metaserver"], prompts, base_id, chat, blocks)
+                plan.kv_loaded = True
             elif ktp.get("remote_host") and ktp.get("remote_port"):
-                await self._pull(ktp)
+                plan.kv_loaded = await self._pull(ktp)
         elif room is not None:
             await self._rendezvous(body)
+            plan.kv_loaded = True
         return plan
 
     async def before_answer(self, plan: Plan) -> dict[str, Any] | None:
@@ -244,7 +248,9 @@ class PdSim:
             self.rooms.pop(r, None)
 
     # -- decode side ------------------------------------------------------------------
-    async def _pull(self, ktp: dict[str, Any]) -> None:
+    async def _pull(self, ktp: dict[str, Any]) -> bool:
+        """Read the blocks from P; whether they came (else the prompt is recomputed here, as
+        vLLM's ``kv_load_failure_policy: recompute``)."""
         host, port, rid = ktp.get("remote_host"), ktp.get("remote_port"), ktp.get("remote_request_id")
         blocks = 0
         try:
@@ -258,9 +264,10 @@ class PdSim:
             logger.warning("KV pull from %s:%s failed: %s", host, port, e)
         if st != 200:
             self.stats["pull_failed"] += 1   # kv_load_failure_policy recompute: go on locally
-            return
+            return False
         self.stats["pulled"] += 1
         await asyncio.sleep(self._scaled(blocks))
+        return True
 
     async def _callback_and_wait(self, url: Any, prompts: list[list[int]], base_id: str,
                                  chat: bool, blocks: int) -> None:

@@ -710,7 +710,9 @@ class SimServer:
         if fault == "drop_after":
             ctx.drop_after = self.faults.tokens
 
-        ereq = EngineRequest(resp_id, stream or ctx.drop_after is not None, spec)
+        ereq = EngineRequest(resp_id, stream or ctx.drop_after is not None, spec,
+                             m if m in self.adapters else None)
+        ereq.kv_loaded = plan.kv_loaded
         L = self.opts.engine.max_model_len
         recompute_after = self.faults.tokens if fault == "recomputed_after" else None
         holdback = 0

@@ -133,6 +133,11 @@ async def test_pd_modes_chat_and_completions_stream_and_not(mode: str) -> None:
             assert sum(s["callbacks"] for s in d_stats) == 4
         else:
             assert sum(s["rooms_taken"] for s in c.sims[:2] for s in [s.pd.stats]) == 8
+        # ... and did not compute the prompt again: its whole blocks count as loaded
+        # (vLLM's external computed tokens), none on the prefill side
+        loaded = {r: sum(s.engine.stats()["kv_loaded_tokens"] for s in c.sims
+                         if s.opts.role == r) for r in ("prefill", "decode")}
+        assert loaded["prefill"] == 0 and loaded["decode"] >= 4 * 2 * 16, loaded
         assert c.gw.inflight() == 0
     finally:
         await c.stop()

@@ -29,10 +29,13 @@ class RequestInfo:
     the chosen one's cost in the policy's unit (read with ``getattr(info, "cost", None)``;
     ``kv_affinity`` with ``kv.cost: time``: predicted TTFT in seconds). ``ttft_obs``: what
     :meth:`Policy.watch` needs to learn from this request's observed TTFT (None: nothing).
+    ``session``: the value of the request's session header (bytes, set by the request
+    path; ``coordinator.kv.session.header``) or, after :meth:`Policy.prepare` of
+    ``kv_affinity``, the body's ``user`` (str); None: no session.
     """
 
     __slots__ = ("model", "prompt_tokens", "max_tokens", "block_hashes", "prefill_tokens",
-                 "cached_tokens", "cost", "ttft_obs")
+                 "cached_tokens", "cost", "ttft_obs", "session")
     cost: float      # no default: set by scoring policies only
 
     def __init__(self, model: str | None, prompt_tokens: int, max_tokens: int) -> None:
@@ -43,6 +46,7 @@ class RequestInfo:
         self.prefill_tokens = prompt_tokens
         self.cached_tokens = 0
         self.ttft_obs: Any = None
+        self.session: bytes | str | None = None
 
 
 class Policy:

@@ -23,17 +23,32 @@ and running requests) and ``i``'s learned rates (:mod:`motor.coordinator.policy.
     work_i     = queued_i + uncached_i;  steps_i = max(1, ceil(work_i / chunk_tokens))
     ttft_i     = steps_i * (step_s_i + decode_s_per_seq_i * running_i)
                  + prefill_s_per_token_i * work_i                           seconds
+    compared_i = ttft_i + stall_weight * running_i * prefill_s_per_token_i * uncached_i
+
+(the second term: the time this request's prefill holds up the sequences already in i's
+batch; it keeps new conversations, which have nothing cached anywhere, off the busiest
+instance, where learned rates a few per cent apart would otherwise pile them up).
 
 Settings (``coordinator.kv.ttft``): prior rates ``step_ms`` 6, ``prefill_us_per_token``
 37, ``decode_us_per_seq`` 100 (an 8B dense model in bf16 on one H100), ``chunk_tokens``
-8192, and the learning (``learn``, ``halflife_requests`` 64, ``prior_weight`` 1). There
-is no load guard: an instance whose queue makes it slower than recomputing the prefix
-elsewhere loses on its predicted TTFT, and its learned rates show when it is slower than
-its queue suggests.
+8192, ``stall_weight`` 1, and the learning (``learn``, ``halflife_requests`` 64,
+``prior_weight`` 1). There is no load guard: an instance whose queue makes it slower than
+recomputing the prefix elsewhere loses on its predicted TTFT, and its learned rates show
+when it is slower than its queue suggests.
 
 ``coordinator.kv.cost: tokens`` (the default) keeps the earlier cost in prompt-token equivalents
 (:func:`motor._fast.scoring.pick`: ``prefill_weight``, ``decode_weight``,
 ``queue_penalty_tokens``, ``load_guard``; docs/kv-routing.md).
+
+Sessions (``coordinator.kv.session``, :mod:`motor.coordinator.policy.sessions`): a request
+naming a session (its ``x-session-id`` header, configurable, or else the body's ``user``)
+leans to the endpoint that served the session's last request: that candidate's cost is
+lowered by ``credit_tokens`` (1024) prompt-token equivalents, or with ``cost: time`` by
+``credit_tokens`` x its prefill time per token (seconds; 38 ms at the prior rate), for the
+comparison only. A soft preference: any candidate cheaper by more than the credit (a
+shorter queue, a longer cached prefix) still wins. Memory: the ``max_sessions`` (65536)
+most recently routed sessions, per worker; a session not remembered breaks ties from a
+stable hash of its name (the same endpoint in every worker).
 
 Tie-break: lowest cost, then lowest load (time: the queued time), then rotation (equal
 candidates, e.g. with no cached prefix anywhere, spread like round robin). Excluded
@@ -57,6 +72,7 @@ from motor.coordinator import metrics
 from motor.coordinator.kv.router import MAX_INSTANCES, KvRouter
 from motor.coordinator.loadtable import load_columns
 from motor.coordinator.policy.base import Policy, RequestInfo
+from motor.coordinator.policy.sessions import SessionTable, session_of, session_start
 from motor.coordinator.policy.ttft import RateModel, TtftWatch, engine_columns
 
 if TYPE_CHECKING:
@@ -80,6 +96,7 @@ class KvAffinity(Policy):
         self.learn = t.learn
         self.learns_ttft = self.time_cost and t.learn
         self.chunk_tokens = float(t.chunk_tokens)
+        self.stall_weight = float(t.stall_weight)
         self.engine_max_age_s = t.engine_figures_max_age_s
         #: learned rates per instance slot (reset when the slot's endpoint leaves)
         self.rates = RateModel(t, MAX_INSTANCES)
@@ -87,6 +104,12 @@ class KvAffinity(Policy):
         #: exponentially weighted mean of the uncached tokens routed (tokens): what one
         #: engine-reported waiting request is taken to weigh
         self.mean_uncached = 512.0
+        ss = c.session
+        #: the endpoint each session was last routed to (None: session affinity off)
+        self.sessions = (SessionTable(ss.max_sessions)
+                         if ss.enabled and ss.credit_tokens > 0 else None)
+        self.session_credit_tokens = float(ss.credit_tokens)
+        self.session_user_field = ss.user_field
 
     def prepare(self, info: RequestInfo, route: str, body: dict[str, Any],
                 off_loop: bool = False) -> Awaitable[None] | None:
@@ -95,7 +118,10 @@ class KvAffinity(Policy):
         The token ids come from the routing tokenizers' cache when the same request was
         seen (:class:`motor.coordinator.tokenize.Tokenizers`). ``off_loop``: a long text is
         encoded in the tokenizers' thread pool, and the coroutine returned fills ``info``
-        once it is done (short ones are done inline: ``None``)."""
+        once it is done (short ones are done inline: ``None``). Without a session header,
+        ``info.session`` becomes the body's ``user`` (``coordinator.kv.session.user_field``)."""
+        if info.session is None and self.sessions is not None:
+            info.session = session_of(None, body, self.session_user_field)
         if off_loop:
             fut = self.router.tokenizers.warm(route, body)
             if fut is not None:
@@ -130,10 +156,13 @@ class KvAffinity(Policy):
             overlap[:] = r.match(hashes, request.model)[slots]
         start = self._next
         self._next = start + 1
+        fav = self._session_position(cands, request)
+        if fav < 0 and request.session is not None and self.sessions is not None:
+            start = session_start(request.session)   # the same endpoint in every worker
         if self.time_cost:
-            pos, cost = self._pick_time(cands, request, overlap, slots, start)
+            pos, cost = self._pick_time(cands, request, overlap, slots, start, fav)
         else:
-            pos, cost = self._pick_tokens(cands, request, overlap, start)
+            pos, cost = self._pick_tokens(cands, request, overlap, start, fav)
         ep = cands[pos]
         ov = overlap[pos]
         cached_blocks = int(ov.sum())
@@ -146,9 +175,24 @@ class KvAffinity(Policy):
             metrics.KV_MATCHED_TOKENS.inc(request.cached_tokens)
         return ep
 
+    def _session_position(self, cands: list[EndpointState], request: RequestInfo) -> int:
+        """Position in ``cands`` of the endpoint that served ``request``'s session last
+        (-1: no session, not remembered, or that endpoint is not a candidate)."""
+        s = request.session
+        if s is None or self.sessions is None:
+            return -1
+        last = self.sessions.last(s)
+        if last is not None:
+            for j, e in enumerate(cands):
+                if e.key == last:
+                    return j
+        return -1
+
     def _pick_time(self, cands: list[EndpointState], request: RequestInfo,
-                   overlap: np.ndarray, slots: np.ndarray, start: int) -> tuple[int, float]:
-        """Argmin of the predicted TTFT (seconds); sets ``request.ttft_obs``."""
+                   overlap: np.ndarray, slots: np.ndarray, start: int,
+                   fav: int = -1) -> tuple[int, float]:
+        """Argmin of the predicted TTFT (seconds); sets ``request.ttft_obs``. ``fav``: the
+        session's endpoint (position), credited ``credit_tokens`` at its prefill rate."""
         r = self.router
         queued, _, running = load_columns(cands)  # all workers' load when workers > 1
         if getattr(cands[0], "shared", None) is not None:
@@ -158,8 +202,11 @@ class KvAffinity(Policy):
                 running = np.maximum(running, waiting + eng_running)
                 queued = np.maximum(queued, waiting * self.mean_uncached)
         rates = self.rates.rates(slots)
+        credit = self.session_credit_tokens * float(rates[fav, 1]) if fav >= 0 else 0.0
         pos, ttft = pick_ttft(overlap, request.prompt_tokens, r.block_size, self.tier_credit,
-                              queued, running, rates, None, self.chunk_tokens, start)
+                              queued, running, rates, None, self.chunk_tokens, start,
+                              favored=fav, favored_credit=credit,
+                              stall_weight=self.stall_weight)
         saved = r.block_size * float(self.tier_credit @ overlap[pos])
         uncached = max(0.0, request.prompt_tokens - saved)
         self.mean_uncached += 0.05 * (uncached - self.mean_uncached)
@@ -167,12 +214,13 @@ class KvAffinity(Policy):
             request.ttft_obs = (int(slots[pos]), self.rates.features(
                 float(queued[pos]), uncached, float(running[pos])))
         if logger.isEnabledFor(logging.DEBUG):
-            self._log_time(cands, request, overlap, queued, running, rates, pos, ttft)
+            self._log_time(cands, request, overlap, queued, running, rates, pos, ttft, fav,
+                           credit)
         return pos, ttft
 
     def _log_time(self, cands: list[EndpointState], request: RequestInfo, overlap: np.ndarray,
                   queued: np.ndarray, running: np.ndarray, rates: np.ndarray, pos: int,
-                  ttft: float) -> None:
+                  ttft: float, fav: int = -1, credit: float = 0.0) -> None:
         bs = self.router.block_size
         terms = []
         for j, e in enumerate(cands):
@@ -185,13 +233,19 @@ class KvAffinity(Policy):
                 f"tokens = {1e3 * pre_s * queued[j]:.1f} ms, {x[0]:.0f} step(s) x "
                 f"({1e3 * step_s:.2f} ms + {running[j]:.0f} running x {1e6 * dec_s:.0f} us) = "
                 f"{1e3 * (x[0] * step_s + x[1] * dec_s):.1f} ms, "
-                f"ttft {1e3 * (x[0] * step_s + x[1] * dec_s + x[2] * pre_s):.1f} ms")
-        logger.debug("kv_affinity: %d prompt tokens -> %s predicted ttft %.1f ms; %s",
-                     request.prompt_tokens, cands[pos].key, 1e3 * ttft, "; ".join(terms))
+                f"ttft {1e3 * (x[0] * step_s + x[1] * dec_s + x[2] * pre_s):.1f} ms, "
+                f"stall {self.stall_weight:g} x {running[j]:.0f} running x "
+                f"{1e3 * pre_s * unc:.1f} ms = "
+                f"{1e3 * self.stall_weight * running[j] * pre_s * unc:.1f} ms")
+        logger.debug("kv_affinity: %d prompt tokens -> %s predicted ttft %.1f ms; %s%s",
+                     request.prompt_tokens, cands[pos].key, 1e3 * ttft, "; ".join(terms),
+                     f"; session credit {1e3 * credit:.1f} ms to {cands[fav].key}"
+                     if fav >= 0 else "")
 
     def _pick_tokens(self, cands: list[EndpointState], request: RequestInfo,
-                     overlap: np.ndarray, start: int) -> tuple[int, float]:
-        """Argmin of the cost in prompt-token equivalents (``kv.cost: tokens``)."""
+                     overlap: np.ndarray, start: int, fav: int = -1) -> tuple[int, float]:
+        """Argmin of the cost in prompt-token equivalents (``kv.cost: tokens``); ``fav``: the
+        session's endpoint (position), credited ``credit_tokens``."""
         r = self.router
         c = r.cfg
         prefill, decode, queue = load_columns(cands)  # all workers' load when workers > 1
@@ -203,14 +257,17 @@ class KvAffinity(Policy):
                 guard = 0.0
         pos, cost = score_pick(overlap, request.prompt_tokens, r.block_size, self.tier_credit,
                                prefill, decode, queue, None, c.prefill_weight, c.decode_weight,
-                               c.queue_penalty_tokens, guard, start)
+                               c.queue_penalty_tokens, guard, start, favored=fav,
+                               favored_credit=self.session_credit_tokens if fav >= 0 else 0.0)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "kv_affinity: %d prompt tokens -> %s cost %.0f prompt-token equivalents; "
-                "candidates %s", request.prompt_tokens, cands[pos].key, cost, ", ".join(
+                "candidates %s%s", request.prompt_tokens, cands[pos].key, cost, ", ".join(
                     f"{e.key}: overlap blocks {overlap[j].tolist()} prefill {prefill[j]:.0f} "
                     f"tokens, decode {decode[j]:.0f} tokens, queue {queue[j]:.0f} requests"
-                    for j, e in enumerate(cands)))
+                    for j, e in enumerate(cands)),
+                f"; session credit {self.session_credit_tokens:.0f} prompt-token equivalents "
+                f"to {cands[fav].key}" if fav >= 0 else "")
         return pos, cost
 
     def watch(self, ep: EndpointState, info: RequestInfo) -> Callable[[float], None] | None:
@@ -221,5 +278,8 @@ class KvAffinity(Policy):
         return TtftWatch(self.rates, o[0], o[1])
 
     def routed(self, ep: EndpointState, request: RequestInfo) -> None:
-        """The request went to ``ep`` (approximate mode remembers it)."""
+        """The request went to ``ep`` (approximate mode remembers it, and the session table
+        its session's endpoint)."""
         self.router.routed(ep, request.model, request.block_hashes)
+        if request.session is not None and self.sessions is not None:
+            self.sessions.routed(request.session, ep.key)

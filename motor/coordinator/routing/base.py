@@ -56,7 +56,7 @@ class Settings:
                  "token_ids_mode", "failover_on", "max_continuations", "prefill_timeout_s",
                  "fallback_to_union", "checks_keys", "env_keys", "worker_auth",
                  "forward_client_auth", "observe", "max_inflight_per_instance", "shed_waiting",
-                 "slot_wait_s", "engine_max_age_s")
+                 "slot_wait_s", "engine_max_age_s", "session_header")
 
     def __init__(self, cfg: CoordinatorConfig, env: dict[str, str] | os._Environ[str] | None
                  = None) -> None:
@@ -94,6 +94,9 @@ class Settings:
         self.shed_waiting: int = a.shed_waiting
         self.slot_wait_s: float = a.queue_timeout_s
         self.engine_max_age_s: float = cfg.kv.ttft.engine_figures_max_age_s
+        # kv_affinity's session affinity reads this header (RequestInfo.session)
+        ks = cfg.kv.session
+        self.session_header: bytes | None = ks.header.lower().encode() if ks.enabled else None
 
     def backoff_delay_s(self, attempt: int) -> float:
         """Wait before attempt ``attempt`` (0-based): 0, then ``backoff_s`` doubling, capped
@@ -207,11 +210,12 @@ class Parsed:
 
     ``fwd``: headers for the engines (with ``x-request-id``); ``rid_header``: the
     ``X-Request-Id`` header of motor's answer; ``max_tokens``: :func:`max_tokens_of` (0
-    when absent); ``t0``: ``time.perf_counter()`` at arrival.
+    when absent); ``t0``: ``time.perf_counter()`` at arrival; ``session``: the session
+    header's value (``coordinator.kv.session.header``) or None.
     """
 
     __slots__ = ("raw", "body", "model", "fwd", "rid", "rid_header", "stream", "max_tokens",
-                 "t0")
+                 "t0", "session")
 
     #: the request's observation record (:class:`ObservedParsed`); ``None``: not observed
     obs: Obs | None = None
@@ -227,12 +231,15 @@ class Parsed:
         self.stream = body.get("stream") is True
         self.max_tokens = max_tokens_of(body, chat)
         self.t0 = t0
+        self.session: bytes | None = None
 
     def info(self, raw_len: int | None = None) -> RequestInfo:
         """What policies see of the request (prompt size from ``raw_len`` bytes, default
         the client's body)."""
-        return RequestInfo(self.model, estimate_prompt_tokens(
+        info = RequestInfo(self.model, estimate_prompt_tokens(
             self.body, len(self.raw) if raw_len is None else raw_len), self.max_tokens)
+        info.session = self.session
+        return info
 
 
 class ObservedParsed(Parsed):
@@ -294,6 +301,8 @@ def parse_request(s: Settings, route: Route, req: Request, resp: Response,
             return None
     fwd: list[tuple[bytes, bytes]] = []
     rid = None
+    session = None
+    session_header = s.session_header
     forward_auth = s.forward_client_auth
     for k, v in req.headers:
         if k in FORWARD_HEADERS:
@@ -305,6 +314,8 @@ def parse_request(s: Settings, route: Route, req: Request, resp: Response,
                 route.fail(resp, 400, f"x-request-id is expected to be at most "
                                       f"{MAX_REQUEST_ID_BYTES} bytes, got {len(v)}")
                 return None
+        elif k == session_header and v:
+            session = v
     if rid is None:
         rid = uuid.uuid4().hex.encode()
     fwd.append((b"x-request-id", rid))
@@ -315,9 +326,12 @@ def parse_request(s: Settings, route: Route, req: Request, resp: Response,
         if obs is not None:
             op = ObservedParsed(req.body, body, model, fwd, rid, route.chat, t0)
             op.obs = obs
+            op.session = session
             obs.parsed(rid, model)
             return op
-    return Parsed(req.body, body, model, fwd, rid, route.chat, t0)
+    p = Parsed(req.body, body, model, fwd, rid, route.chat, t0)
+    p.session = session
+    return p
 
 
 # -- engine answers ---------------------------------------------------------------------
