@@ -563,8 +563,10 @@ def feed_main(cfg_json: str, prefix: str, n_workers: int, load_name: str,
     """Entry point of the feed process."""
     import signal
 
+    from motor.coordinator import mpvalues
     from motor.http.server import install_uvloop
     from motor.logs import setup_logging
+    mpvalues.install()   # before the first metric is made
     setup_logging(log_level)
     cfg = ClusterConfig.model_validate_json(cfg_json)
     install_uvloop()

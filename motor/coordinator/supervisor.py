@@ -17,7 +17,9 @@ requests within ``coordinator.drain_timeout_s``), then the feed stops.
 Metrics: every child writes its samples through prometheus-client's multiprocess mode
 into ``PROMETHEUS_MULTIPROC_DIR`` (a temporary directory the supervisor creates), and
 ``/metrics`` on any worker (or on the management port) answers the sum over all of them,
-dead ones included (their counters are kept, their live gauges dropped).
+dead ones included (their counters are kept, their live gauges dropped). The children
+write those files with :mod:`motor.coordinator.mpvalues` (the library's format, without
+its per-update lock).
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ def _worker_main(cfg_json: str, backends: list[str] | None, controller_url: str 
                  ) -> None:  # pragma: no cover - runs in a child
     import asyncio
 
+    from motor.coordinator import mpvalues
+    mpvalues.install()   # before the first metric is made (motor.coordinator.metrics)
     from motor.coordinator.app import serve
     from motor.http.server import install_uvloop
     from motor.logs import setup_logging

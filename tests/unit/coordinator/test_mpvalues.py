@@ -1,0 +1,101 @@
+"""The coordinator's multiprocess value class: the files it writes read back through
+prometheus-client's multiprocess collector like the library's own, summed with another
+process's, across file growth; installed only where no value of this process exists."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from motor.coordinator import mpvalues
+from motor.coordinator.mpvalues import fast_value_class
+
+
+def _samples(d) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    reg = CollectorRegistry()
+    MultiProcessCollector(reg, path=str(d))
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for m in reg.collect() for s in m.samples}
+
+
+@pytest.fixture
+def fast(monkeypatch, tmp_path):
+    """``values.ValueClass`` replaced by the fast class for pid 4242 in ``tmp_path``."""
+    monkeypatch.setattr(values, "ValueClass", fast_value_class(str(tmp_path), 4242))
+    return tmp_path
+
+
+def test_counter_gauge_histogram_read_back(fast):
+    reg = CollectorRegistry()
+    c = Counter("t_requests", "r", ["route"], registry=reg)
+    g = Gauge("t_inflight", "i", ["ep"], registry=reg, multiprocess_mode="livesum")
+    h = Histogram("t_e2e", "e", ["route"], buckets=(0.01, 0.1, 1.0), registry=reg)
+    c.labels("chat").inc()
+    c.labels("chat").inc(2)
+    g.labels("a").inc()
+    g.labels("a").inc()
+    g.labels("a").dec()
+    g.labels("b").set(7)
+    for v in (0.005, 0.05, 0.5, 5.0):
+        h.labels("chat").observe(v)
+    assert c.labels("chat")._value.get() == 3
+    s = _samples(fast)
+    assert s[("t_requests_total", (("route", "chat"),))] == 3
+    assert s[("t_inflight", (("ep", "a"),))] == 1
+    assert s[("t_inflight", (("ep", "b"),))] == 7
+    assert s[("t_e2e_count", (("route", "chat"),))] == 4
+    assert s[("t_e2e_sum", (("route", "chat"),))] == pytest.approx(5.555)
+    assert s[("t_e2e_bucket", (("le", "0.1"), ("route", "chat")))] == 2   # cumulative
+    assert s[("t_e2e_bucket", (("le", "+Inf"), ("route", "chat")))] == 4
+    assert sorted(p.name for p in fast.iterdir()) == ["counter_4242.db",
+                                                      "gauge_livesum_4242.db",
+                                                      "histogram_4242.db"]
+    mark_process_dead(4242, str(fast))   # a dead worker's live gauges go, its counters stay
+    s = _samples(fast)
+    assert ("t_inflight", (("ep", "a"),)) not in s
+    assert s[("t_requests_total", (("route", "chat"),))] == 3
+
+
+def test_summed_with_a_library_value_of_another_process(fast):
+    """Another process writing with prometheus-client's own class (its file has its pid):
+    the collector sums both."""
+    code = ("from prometheus_client import Counter, CollectorRegistry;"
+            "Counter('t_requests', 'r', ['route'], registry=CollectorRegistry())"
+            ".labels('chat').inc(5)")
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   env={"PROMETHEUS_MULTIPROC_DIR": str(fast), "PATH": "/usr/bin:/bin"})
+    Counter("t_requests", "r", ["route"], registry=CollectorRegistry()).labels("chat").inc(2)
+    assert _samples(fast)[("t_requests_total", (("route", "chat"),))] == 7
+
+
+def test_values_stay_right_when_the_file_grows(fast):
+    """Keys added later grow the file and remap it: a value made before writes to the new
+    mapping, at its offset."""
+    reg = CollectorRegistry()
+    c = Counter("t_grow", "g", ["k"], registry=reg)
+    first = c.labels("first")
+    first.inc()
+    for i in range(12000):   # ~1.4 MB of keys: past the file's first 1 MiB
+        c.labels(f"label-{i:05d}-" + "x" * 40).inc(i)
+    first.inc()
+    assert (fast / "counter_4242.db").stat().st_size > 1 << 20
+    s = _samples(fast)
+    assert s[("t_grow_total", (("k", "first"),))] == 2
+    assert s[("t_grow_total", (("k", "label-11999-" + "x" * 40),))] == 11999
+
+
+def test_install_only_before_the_first_value(monkeypatch, tmp_path):
+    monkeypatch.setattr(values, "ValueClass", values.ValueClass)   # restored afterwards
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    assert not mpvalues.install()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    (tmp_path / f"counter_{os.getpid()}.db").write_bytes(b"")   # a value was made already
+    assert not mpvalues.install()
+    assert values.ValueClass.__name__ != "FastMmapedValue"
+    (tmp_path / f"counter_{os.getpid()}.db").unlink()
+    assert mpvalues.install()
+    assert values.ValueClass.__name__ == "FastMmapedValue"
