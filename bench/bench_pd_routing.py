@@ -21,10 +21,11 @@ Run::
     .venv/bin/python bench/bench_pd_routing.py [--seeds 1,2,3]
 
 Prints a markdown table (docs/benchmarks.md, "PD routing: joint choice and conditional
-disaggregation"). Caveat: ``motor sim``'s decode role runs the whole prompt through its own
-engine after it received the KV (it models the transfer time, not the saved prefill), so a
-pair costs P's prefill + the transfer + D's prefill in the simulator, which favours serving
-on D alone more than a real engine does.
+disaggregation"), with the requests each instance finished. Caveat: ``motor sim``'s decode
+role pulls every block of the prompt from P, also those in its own prefix cache (vLLM's
+NIXL connector loads only the blocks past D's local prefix hit, which the joint cost's
+transfer term prices), so a pair to a decode instance holding the prefix costs more here
+than on vLLM.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 from bench_kv_routing import PY, free_port, spawn, stop_all, wait_http
 
@@ -115,12 +117,20 @@ def run(label: str, seed: int, a: argparse.Namespace, tmp: str) -> dict:
             with open(path) as f:
                 res[name] = json.load(f)
         with open(f"{tmp}/{tag}-{seed}-metrics.txt", "w") as f:
-            import urllib.request
             with urllib.request.urlopen(target + "/metrics", timeout=5) as r:
                 f.write(r.read().decode())
+        res["split"] = "/".join(str(served(b.split("=", 1)[1])) for b in backends)
         return res
     finally:
         stop_all(procs)
+
+
+def served(url: str) -> int:
+    """Requests an instance finished (its ``vllm:request_success_total``, all reasons)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return int(sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
+                   if line.startswith("vllm:request_success_total")))
 
 
 def decisions(path: str) -> str:
@@ -170,6 +180,7 @@ def main() -> int:
             if a.only and label not in a.only.split(";"):
                 continue
             r = run(label, seed, a, tmp)
+            split = r.pop("split")
             n = {k: r[k]["summary"]["requests_completed"] for k in r}
             ttft = {k: r[k]["metrics"]["TTFT"]["average"] for k in r}
             tpot = {k: r[k]["metrics"]["TPOT"]["average"] for k in r}
@@ -178,7 +189,7 @@ def main() -> int:
             tag = label.replace(",", "").replace(" ", "-")
             rows.append((seed, label, sum(ttft[k] * n[k] for k in r) / tot, ttft["long"],
                          ttft["short"], sum(tpot[k] * n[k] for k in r) / tot, failed,
-                         decisions(f"{tmp}/{tag}-{seed}-metrics.txt")))
+                         split, decisions(f"{tmp}/{tag}-{seed}-metrics.txt")))
             print(f"done: seed {seed} {label}", file=sys.stderr)
     print(f"\n2 P + 2 D sims, pd_prefill_first, kv_affinity on KV events; long: {a.conversations} "
           f"conversations x {a.turns} turns, {a.groups} system prompts of {a.prefix_len} tokens, "
@@ -188,22 +199,24 @@ def main() -> int:
           f"{a.decode_token_us} us/decoding sequence, KV transfer {a.kv_transfer_ms_per_block} "
           f"ms/block; joint stall_weight {a.stall_weight}\n")
     print("| seed | choice | mean TTFT (ms) | long TTFT (ms) | short TTFT (ms) | mean TPOT (ms) "
-          "| TTFT vs sequential | failed | decisions |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| TTFT vs sequential | failed | served by P0/P1/D0/D1 | decisions |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     base = {}
-    for seed, label, t, tl, ts, tp, failed, dec in rows:
+    for seed, label, t, tl, ts, tp, failed, split, dec in rows:
         if label == "sequential":
             base[seed] = t
         sp = f"{base[seed] / t:.2f}x" if seed in base and label != "sequential" else "-"
         print(f"| {seed} | {label} | {t:.1f} | {tl:.1f} | {ts:.1f} | {tp:.2f} | {sp} | {failed} "
-              f"| {dec} |")
+              f"| {split} | {dec} |")
     for label in CONFIGS:
         rs = [r for r in rows if r[1] == label]
         if not rs:
             continue
+        sps = [base[r[0]] / r[2] for r in rs if r[0] in base and label != "sequential"]
+        mean_sp = f"{sum(sps) / len(sps):.2f}x" if sps else ""
         print(f"| mean | {label} | {sum(r[2] for r in rs) / len(rs):.1f} | "
               f"{sum(r[3] for r in rs) / len(rs):.1f} | {sum(r[4] for r in rs) / len(rs):.1f} | "
-              f"{sum(r[5] for r in rs) / len(rs):.2f} | | | |")
+              f"{sum(r[5] for r in rs) / len(rs):.2f} | {mean_sp} | | | |")
     print(f"\nlogs and JSON: {tmp}")
     return 0
 

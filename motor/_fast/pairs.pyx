@@ -10,7 +10,11 @@ Per prefill instance ``p`` and decode instance ``d`` (rates per instance, column
                              steps = max(1, ceil(work / chunk_tokens))            s
     decode(d)  = decode_tokens * (step_s_d + decode_s_per_seq_d * (running_d + 1))
                                                   this request's decode on d      s
+                 + stall_weight * running_d * decode_s_per_seq_d * decode_tokens
+                      the delay its decode steps impose on d's running sequences
     pair(p, d) = ttft(p_work_p, p_running_p, r_p)          prefill on p, its cache
+                 + stall_weight * p_running_p * prefill_s_per_token_p * p_uncached_p
+                                   the stall its prefill imposes on p's running prefills
                  + transfer_s_per_token[p, d] * d_uncached_d   KV not cached on d
                  + step_s_d + decode_s_per_seq_d * running_d   d's first step
                  + prefill_s_per_token_d * d_queued_d          d's queued local prefills
@@ -25,6 +29,7 @@ by ``start``; a decode instance alone (``local``) wins only when its cost is str
 lower than the best pair's (ties rotated by ``start`` among the decode instances).
 """
 from libc.math cimport ceil, INFINITY
+from libc.stdlib cimport free, malloc
 
 
 cdef inline double _ttft(double work, double running, const double *r,
@@ -45,7 +50,7 @@ def pick_pair(const double[::1] p_work, const double[::1] p_running,
               const double[::1] d_uncached, const double[::1] d_running,
               const double[:, ::1] d_rates, const double[:, ::1] transfer_s_per_token,
               double decode_tokens=0.0, double chunk_tokens=8192.0, bint local=False,
-              double stall_weight=0.0, Py_ssize_t start=0):
+              double stall_weight=0.0, Py_ssize_t start=0, p_uncached=None):
     """The cheapest (prefill, decode) pair, or decode instance alone (module docstring).
 
     Parameters
@@ -72,9 +77,13 @@ def pick_pair(const double[::1] p_work, const double[::1] p_running,
     local : bool
         Whether a decode instance may serve the request alone (local prefill).
     stall_weight : float
-        Weight of the stall a local prefill imposes on each running sequence, >= 0.
+        Weight of the delay this request imposes on each sequence running on ``d`` (its
+        local prefill's steps, its own decode steps), >= 0.
     start : int
         Rotation of the tie-break.
+    p_uncached : float64[P] or None
+        This request's prompt tokens not cached on each prefill instance, tokens (the stall
+        term of P); None = no stall term on P.
 
     Returns
     -------
@@ -92,7 +101,7 @@ def pick_pair(const double[::1] p_work, const double[::1] p_running,
     cdef Py_ssize_t P = p_work.shape[0]
     cdef Py_ssize_t D = d_queued.shape[0]
     cdef Py_ssize_t n, i, j, p, d, bp = -1, bd = -1, ld = -1, start_n, start_d
-    cdef double c, best = INFINITY, lbest = INFINITY, first_d, dec
+    cdef double c, best = INFINITY, lbest = INFINITY, dec
     _check("p_running", p_running.shape[0], P)
     _check("p_rates", p_rates.shape[0], P)
     _check("d_uncached", d_uncached.shape[0], D)
@@ -107,38 +116,62 @@ def pick_pair(const double[::1] p_work, const double[::1] p_running,
         raise ValueError(f"chunk_tokens is expected > 0, got {chunk_tokens}")
     if decode_tokens < 0.0 or stall_weight < 0.0:
         raise ValueError("decode_tokens and stall_weight are expected >= 0")
-    with nogil:
-        n = P * D
-        if n > 0:
-            start_n = start % n
-            if start_n < 0:
-                start_n += n
-            for i in range(n):
-                j = (start_n + i) % n
-                p = j // D
-                d = j % D
-                dec = decode_tokens * (d_rates[d, 0] + d_rates[d, 2] * (d_running[d] + 1.0))
-                first_d = (d_rates[d, 0] + d_rates[d, 2] * d_running[d]
-                           + d_rates[d, 1] * d_queued[d])
-                c = (_ttft(p_work[p], p_running[p], &p_rates[p, 0], chunk_tokens)
-                     + transfer_s_per_token[p, d] * d_uncached[d] + first_d + dec)
-                if c < best:
-                    best = c
-                    bp = p
-                    bd = d
-        if local and D > 0:
-            start_d = start % D
-            if start_d < 0:
-                start_d += D
-            for i in range(D):
-                d = (start_d + i) % D
-                dec = decode_tokens * (d_rates[d, 0] + d_rates[d, 2] * (d_running[d] + 1.0))
-                c = (_ttft(d_queued[d] + d_uncached[d], d_running[d], &d_rates[d, 0],
-                           chunk_tokens)
-                     + stall_weight * d_running[d] * d_rates[d, 1] * d_uncached[d] + dec)
-                if c < lbest:
-                    lbest = c
-                    ld = d
+    cdef const double[::1] p_unc
+    cdef bint p_stall = p_uncached is not None and stall_weight > 0.0
+    if p_uncached is not None:
+        p_unc = p_uncached
+        _check("p_uncached", p_unc.shape[0], P)
+    cdef double *buf = <double *> malloc((P + D + 1) * sizeof(double))
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            # per prefill instance its prefill, per decode instance its first step + decode
+            for p in range(P):
+                buf[p] = _ttft(p_work[p], p_running[p], &p_rates[p, 0], chunk_tokens)
+                if p_stall:
+                    buf[p] = buf[p] + stall_weight * p_running[p] * p_rates[p, 1] * p_unc[p]
+            for d in range(D):
+                buf[P + d] = ((d_rates[d, 0] + d_rates[d, 2] * d_running[d]
+                               + d_rates[d, 1] * d_queued[d])
+                              + decode_tokens * (d_rates[d, 0]
+                                                 + d_rates[d, 2] * (d_running[d] + 1.0)
+                                                 + stall_weight * d_running[d] * d_rates[d, 2]))
+            n = P * D
+            if n > 0:
+                start_n = start % n
+                if start_n < 0:
+                    start_n += n
+                p = start_n // D
+                d = start_n % D
+                for i in range(n):
+                    c = buf[p] + transfer_s_per_token[p, d] * d_uncached[d] + buf[P + d]
+                    if c < best:
+                        best = c
+                        bp = p
+                        bd = d
+                    d += 1
+                    if d == D:
+                        d = 0
+                        p += 1
+                        if p == P:
+                            p = 0
+            if local and D > 0:
+                start_d = start % D
+                if start_d < 0:
+                    start_d += D
+                for i in range(D):
+                    d = (start_d + i) % D
+                    dec = decode_tokens * (d_rates[d, 0] + d_rates[d, 2] * (d_running[d] + 1.0)
+                                           + stall_weight * d_running[d] * d_rates[d, 2])
+                    c = (_ttft(d_queued[d] + d_uncached[d], d_running[d], &d_rates[d, 0],
+                               chunk_tokens)
+                         + stall_weight * d_running[d] * d_rates[d, 1] * d_uncached[d] + dec)
+                    if c < lbest:
+                        lbest = c
+                        ld = d
+    finally:
+        free(buf)
     if ld >= 0 and lbest < best:
         return -1, ld, lbest, best, lbest
     if bp >= 0:

@@ -427,10 +427,13 @@ class PdJointConfig(_Strict):
                           "connector prefill it locally). Not in `pd_bootstrap` (SGLang "
                           "decode instances need a prefill peer)")
     stall_weight: float = Field(
-        1.0, ge=0, description="weight, in the local-prefill cost, of the stall a local "
-                               "prefill imposes on each sequence decoding on that instance "
-                               "(1 = each running sequence's delay counts as much as this "
-                               "request's TTFT; 0 = ignore the decode batch's TPOT)")
+        1.0, ge=0, description="weight, in the joint cost, of the delay a request imposes on "
+                               "each sequence decoding on its decode instance: the stall of "
+                               "its local prefill, and its own decode steps (1 = each "
+                               "running sequence's delay counts as much as this request's "
+                               "time; 0 = ignore the decode batch's TPOT; below 1 more "
+                               "requests go local: lower TTFT, higher TPOT, "
+                               "docs/benchmarks.md)")
     transfer_us_per_token: PdTransferConfig = Field(default_factory=PdTransferConfig)
     topology: dict[str, str] = Field(
         default_factory=dict,

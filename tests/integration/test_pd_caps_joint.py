@@ -21,7 +21,9 @@ N = 2
 MODES = ["pd_prefill_first", "pd_decode_first", "pd_bootstrap"]
 
 
-async def cluster(mode: str, **cfg: Any) -> tuple[Gateway, list[SimServer], list[tuple]]:
+async def cluster(mode: str, hook: Any = None, **cfg: Any
+                  ) -> tuple[Gateway, list[SimServer], list[tuple]]:
+    """``hook(sim)``: called as each request reaches a sim, before it is served."""
     sims, seen = [], []
     for role in ("prefill", "prefill", "decode", "decode"):
         s = SimServer(SimOptions(port=0, role=role, model="m",
@@ -29,9 +31,12 @@ async def cluster(mode: str, **cfg: Any) -> tuple[Gateway, list[SimServer], list
                                  pd=PdOptions(bootstrap_timeout_s=10.0)))
         orig = s._handle
 
-        async def handle(req: Any, resp: Any, orig: Any = orig, role: str = role) -> None:
+        async def handle(req: Any, resp: Any, orig: Any = orig, role: str = role,
+                         s: SimServer = s) -> None:
             if req.path.startswith("/v1/") and req.method == b"POST":
                 seen.append((role, orjson.loads(req.body)))
+                if hook is not None:
+                    hook(s)
             await orig(req, resp)
         s._handle = handle  # type: ignore[method-assign]
         await s.start()
@@ -133,4 +138,52 @@ async def test_bootstrap_never_serves_a_decode_instance_alone() -> None:
         assert st == 200, out
         assert sorted(r for r, _ in seen) == ["decode", "prefill"]
     finally:
+        await stop(gw, sims)
+
+
+@run_async
+async def test_prefill_first_chooses_the_decode_instance_again_after_the_prefill() -> None:
+    """The decode instance planned with the pair got busy while the prefill ran: the decode
+    leg goes to the other one (the joint cost on the load of that moment), and the prefill
+    leg counted only the tokens its instance computes as in-flight prefill."""
+    plans: list[Any] = []
+    busy: list[Any] = []
+    p_work: list[int] = []
+    d_ports: list[int] = []
+
+    def hook(s: SimServer) -> None:
+        if s.opts.role == "prefill":
+            d = plans[-1].d
+            p_work.append(plans[-1].p.inflight_prefill_tokens)
+            for _ in range(32):     # 32 sequences start decoding on the planned D
+                d.acquire(100, 0, 64)
+            busy.append(d)
+        else:
+            d_ports.append(s.port)
+
+    gw, sims, _ = await cluster("pd_prefill_first", hook,
+                                pd={"joint": {"enabled": True, "local_prefill": False}})
+    joint = gw.coord.path.joint
+    assert joint is not None
+    choose = joint.choose
+
+    def spy(info: Any, ps: Any, ds: Any, local: bool, mode: str = "") -> Any:
+        ch = choose(info, ps, ds, local, mode)
+        if mode:                        # the plan (decode_for passes no mode)
+            plans.append(ch)
+        return ch
+    joint.choose = spy  # type: ignore[method-assign]
+    try:
+        body = {"model": "m", "prompt": "hello there " * 8, "max_tokens": 8,
+                "ignore_eos": True}
+        st, _, out = await http(gw.port, "POST", "/v1/completions", orjson.dumps(body),
+                                {"content-type": "application/json"})
+        assert st == 200, out
+        assert len(plans) == 1 and len(busy) == 1 and len(d_ports) == 1
+        assert d_ports[0] != busy[0].port
+        assert p_work == [plans[0].p_uncached]
+    finally:
+        for d in busy:
+            for _ in range(32):
+                d.release(100, 0, 64)
         await stop(gw, sims)

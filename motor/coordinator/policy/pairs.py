@@ -6,12 +6,16 @@ every decode instance alone (:func:`motor._fast.pairs.pick_pair` has the formula
 
     pair(P, D) = predicted prefill time on P (its queued prefill tokens + this request's
                  tokens not cached on P, at P's learned rates)
+                 + ``stall_weight`` x the stall that prefill imposes on P's running
+                   prefills (running x prefill time of the uncached tokens)
                  + KV transfer of the tokens not cached on D (us per token by topology:
                    same node / same rack / other)
                  + D's first step (its batch, its queued local prefills)
                  + this request's decode on D (max_tokens steps with D's batch)
+                 + ``stall_weight`` x the delay those steps impose on D's running
+                   sequences (running x decode time per sequence x max_tokens)
     local(D)   = prefill on D itself + the stall it imposes on D's running batch
-                 (``stall_weight`` x running x prefill time) + the decode on D
+                 (``stall_weight`` x running x prefill time) + the decode on D (as above)
 
 A decode instance serves alone when its cost is strictly lower than the best pair's: the
 threshold on the uncached prompt is the cost's, not a constant (a short or mostly cached
@@ -19,10 +23,14 @@ prompt on an idle D goes local; a long one, or a busy D, goes to a pair). Cached
 come from the KV router (the prefill policy's when it is ``kv_affinity``, else one of
 its own on the approximate index). Rates are ``coordinator.kv.ttft``'s priors; a prefill
 instance's are learned (``kv.ttft.learn``, :class:`motor.coordinator.policy.ttft.RateModel`)
-from its observed prefill legs, whose time is its prefill alone. A decode instance stays at
+from its observed prefill legs, whose time is its prefill alone; a planned prefill leg
+counts only the tokens P computes (not its cached prefix) as P's in-flight prefill, the
+queued work of the next decisions and of that fit. A decode instance stays at
 the priors: its first-token times mix its decode batch with any prefill, and a fit to them
 skewed the decode choice in the benchmark (worse TPOT, docs/benchmarks.md). Ties: the first
-pair in rotated order, deterministic.
+pair in rotated order, deterministic. In ``pd_prefill_first`` the decode leg is sent after
+the prefill: :meth:`PairChooser.decode_for` chooses its instance again then, on the decode
+instances' load of that moment (the plan's D saw none of the pairs prefilling meanwhile).
 Every decision is logged at debug level with its terms in ms.
 """
 from __future__ import annotations
@@ -120,6 +128,12 @@ class PairChooser:
         x = j.transfer_us_per_token
         self.transfer_s = (x.same_node * 1e-6, x.same_rack * 1e-6, x.other * 1e-6)
         self.labels = dict(j.topology)
+        #: endpoint key -> (node id, rack id) (:meth:`_place`), and the ids given out
+        self._places: dict[Any, tuple[int, int]] = {}
+        self._ids: dict[tuple[str, Any], int] = {}
+        self._xfer: dict[tuple[tuple[int, ...], tuple[int, ...]],
+                         tuple[tuple[EndpointState, ...], tuple[EndpointState, ...],
+                               npt.NDArray[np.float64]]] = {}
         self._next = 0
 
     def prepare(self, info: RequestInfo, route: str, body: dict[str, Any]) -> None:
@@ -147,14 +161,50 @@ class PairChooser:
         share = np.minimum(r.block_size * ov.sum(axis=1), prompt) / max(prompt, 1.0)
         return unc, slots, share
 
+    def _place(self, e: EndpointState) -> tuple[int, int]:
+        """(node id, rack id) of ``e`` for :meth:`transfer_matrix`, as :func:`closeness`
+        compares them: a labelled endpoint's node is its label and its rack the label's
+        first part; an unlabelled one's node is its host (one node with any unlabelled
+        endpoint of that host, none with a labelled one) and its rack its own."""
+        got = self._places.get(e.key)
+        if got is None:
+            if len(self._places) >= 4096:      # endpoints come and go: stay bounded
+                self._places.clear()
+                self._ids.clear()
+            ids = self._ids
+            label = _label(e, self.labels)
+            if label is None:
+                node = ids.setdefault(("host", e.host), len(ids))
+                rack = ids.setdefault(("alone", e.key), len(ids))
+            else:
+                node = ids.setdefault(("node", label), len(ids))
+                rack = ids.setdefault(("rack", label.split("/", 1)[0]), len(ids))
+            got = self._places[e.key] = (node, rack)
+        return got
+
     def transfer_matrix(self, ps: list[EndpointState], ds: list[EndpointState]
                         ) -> npt.NDArray[np.float64]:
-        """float64[P, D]: KV transfer seconds per token of each pair."""
-        out = np.empty((len(ps), len(ds)), np.float64)
-        for i, p in enumerate(ps):
-            for j, d in enumerate(ds):
-                out[i, j] = self.transfer_s[closeness(p, d, self.labels)]
-        return out
+        """float64[P, D], C-contiguous: KV transfer seconds per token of each pair (its
+        :func:`closeness`)."""
+        pp = np.array([self._place(e) for e in ps], np.int64).reshape(len(ps), 2)
+        dp = np.array([self._place(e) for e in ds], np.int64).reshape(len(ds), 2)
+        node = pp[:, 0, None] == dp[None, :, 0]
+        rack = pp[:, 1, None] == dp[None, :, 1]
+        near, mid, far = self.transfer_s
+        return np.ascontiguousarray(np.where(node, near, np.where(rack, mid, far)),
+                                    np.float64)
+
+    def _transfer(self, ps: list[EndpointState], ds: list[EndpointState]
+                  ) -> npt.NDArray[np.float64]:
+        """:meth:`transfer_matrix`, remembered per (prefill, decode) candidate lists (by
+        identity; the entry holds the endpoints, so an id is not reused while it lives)."""
+        key = (tuple(map(id, ps)), tuple(map(id, ds)))
+        got = self._xfer.get(key)
+        if got is None:
+            if len(self._xfer) >= 64:
+                self._xfer.clear()
+            got = self._xfer[key] = (tuple(ps), tuple(ds), self.transfer_matrix(ps, ds))
+        return got[2]
 
     def choose(self, info: RequestInfo, ps: list[EndpointState], ds: list[EndpointState],
                local: bool, mode: str = "") -> Choice | None:
@@ -164,17 +214,16 @@ class PairChooser:
         if not ds or (not ps and not (local and self.local_prefill)):
             return None
         local = local and self.local_prefill
-        p_unc, p_slots, _ = self._uncached(ps, info) if ps else \
-            (np.zeros(0), np.zeros(0, np.intp), np.zeros(0))
-        d_unc, d_slots, d_share = self._uncached(ds, info)
-        if ps:
-            p_queued, _, p_running = load_columns(ps)
-        else:
-            p_queued = p_running = np.zeros(0)
-        d_queued, _, d_running = load_columns(ds)
-        p_rates = self.rates.rates(p_slots) if ps else np.zeros((0, 3))
-        d_rates = self.rates.rates(d_slots)
-        xfer = self.transfer_matrix(ps, ds)
+        n_p = len(ps)
+        unc, slots, share = self._uncached(ps + ds, info)   # one match for both roles
+        queued, _, running = load_columns(ps + ds)
+        rates = self.rates.rates(slots)
+        p_unc, d_unc, d_share = unc[:n_p], unc[n_p:], share[n_p:]
+        p_queued, d_queued = queued[:n_p], queued[n_p:]
+        p_running, d_running = running[:n_p], running[n_p:]
+        p_slots = slots[:n_p]
+        p_rates, d_rates = rates[:n_p], rates[n_p:]
+        xfer = self._transfer(ps, ds)
         start = self._next
         self._next = start + 1
         p_work = np.ascontiguousarray(p_queued + p_unc)
@@ -182,7 +231,8 @@ class PairChooser:
             p_work, np.ascontiguousarray(p_running), np.ascontiguousarray(p_rates),
             np.ascontiguousarray(d_queued), np.ascontiguousarray(d_unc),
             np.ascontiguousarray(d_running), np.ascontiguousarray(d_rates), xfer,
-            float(info.max_tokens), self.chunk_tokens, local, self.stall_weight, start)
+            float(info.max_tokens), self.chunk_tokens, local, self.stall_weight, start,
+            np.ascontiguousarray(p_unc))
         if di < 0:
             return None
         d = ds[di]
@@ -197,15 +247,19 @@ class PairChooser:
                     float(p_queued[pi]), float(p_unc[pi]), float(p_running[pi])))
         ch.d_uncached = int(d_unc[di])
         if logger.isEnabledFor(logging.DEBUG):
-            self._log(mode, info, ch, ps, ds, p_unc, p_queued, p_running, d_unc, d_queued,
-                      d_running, pair_s, local_s)
+            self._log(mode, info, ch, ps, ds, p_unc, p_queued, p_running, p_rates, d_unc,
+                      d_queued, d_running, pair_s, local_s)
         return ch
 
     def decode_for(self, info: RequestInfo, p: EndpointState, ds: list[EndpointState]
                    ) -> EndpointState | None:
-        """The cheapest decode instance for a prefill already done on ``p``."""
+        """The cheapest decode instance for a prefill done (or running) on ``p``; the
+        approximate index learns that it will hold the prompt."""
         ch = self.choose(info, [p], ds, False)
-        return None if ch is None else ch.d
+        if ch is None:
+            return None
+        self.router.routed(ch.d, info.model, info.block_hashes)
+        return ch.d
 
     def routed(self, ch: Choice, info: RequestInfo) -> None:
         """The choice was sent: the approximate index learns that the legs' instances
@@ -221,10 +275,13 @@ class PairChooser:
         return TtftWatch(self.rates, obs[0], obs[1])
 
     def _log(self, mode: str, info: RequestInfo, ch: Choice, ps: list[EndpointState],
-             ds: list[EndpointState], p_unc: Any, p_queued: Any, p_running: Any, d_unc: Any,
-             d_queued: Any, d_running: Any, pair_s: float, local_s: float) -> None:
+             ds: list[EndpointState], p_unc: Any, p_queued: Any, p_running: Any, pr: Any,
+             d_unc: Any, d_queued: Any, d_running: Any, pair_s: float, local_s: float
+             ) -> None:
         terms = [f"P {e.key}: uncached {p_unc[i]:.0f} tokens, queued {p_queued[i]:.0f} "
-                 f"tokens, running {p_running[i]:.0f}" for i, e in enumerate(ps)]
+                 f"tokens, running {p_running[i]:.0f}, rates {1e3 * pr[i, 0]:.2f} ms/step "
+                 f"{1e6 * pr[i, 1]:.1f} us/token {1e6 * pr[i, 2]:.0f} us/seq"
+                 for i, e in enumerate(ps)]
         terms += [f"D {e.key}: uncached {d_unc[i]:.0f} tokens, queued {d_queued[i]:.0f} "
                   f"tokens, running {d_running[i]:.0f}" for i, e in enumerate(ds)]
         if ch.p is not None:

@@ -218,6 +218,10 @@ class PdPath(RequestPath):
 
     #: whether a decode instance of this mode can prefill a plain request itself
     local_ok = True
+    #: whether this mode sends the decode leg after the prefill leg: a planned pair's
+    #: decode instance is then chosen again once the prefill is done (the joint cost given
+    #: that prefill instance, on the decode instances' load of that moment)
+    decode_after_prefill = False
 
     # -- entry ------------------------------------------------------------------------
     async def handle(self, route: Route, req: Request, resp: Response) -> None:
@@ -450,9 +454,11 @@ class PdPath(RequestPath):
                 break
             exclude.add(ep)
             tokens = ctx.info.prompt_tokens
+            # a planned leg counts what P computes (its uncached tokens) as in-flight prefill
+            work = plan.p_uncached if plan is not None and plan.p is ep else tokens
             obs = ctx.obs
             span, fwd = (None, None) if obs is None else obs.leg("prefill", ep, ctx.fwd, attempt)
-            with ep.lease(tokens, tokens, 0) as lease:
+            with ep.lease(tokens, work, 0) as lease:
                 if plan is not None and plan.p is ep and self.joint is not None:
                     lease.watch(self.joint.watch(plan.p_obs))
                 try:
@@ -518,7 +524,7 @@ class PdPath(RequestPath):
             plan = ctx.plan
             ep: EndpointState | None
             if attempt == 0 and plan is not None and plan.d not in exclude \
-                    and self.planned(plan.d):
+                    and self.planned(plan.d) and (plan.local or not self.decode_after_prefill):
                 ep = plan.d
             else:
                 # a local leg's plain body may go to any decode instance on a retry

@@ -37,6 +37,7 @@ NIXL_PULL_REQUEST = {"do_remote_decode": True, "do_remote_prefill": False,
 
 class PrefillFirst(PdPath):
     name = "pd_prefill_first"
+    decode_after_prefill = True
 
     async def run(self, ctx: Ctx) -> None:
         body = ctx.body

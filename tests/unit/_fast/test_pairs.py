@@ -51,6 +51,15 @@ def test_decode_load_counts_over_the_request_decode():
     assert cost == step + (step + 2 * dec) + 16 * (step + 3 * dec)
 
 
+def test_the_delay_on_the_decode_batch_counts_with_the_stall_weight():
+    step, pre, dec = RATE
+    a = args([0.0], [0.0, 0.0], d_running=[8.0, 2.0])
+    p, d, cost, *_ = pick_pair(*a, decode_tokens=16.0, stall_weight=1.0)
+    assert (p, d) == (0, 1)
+    # its own decode + the 2 running sequences' delay over its 16 steps
+    assert cost == step + (step + 2 * dec) + 16 * (step + 3 * dec) + 16 * 2 * dec
+
+
 def test_an_idle_decode_instance_prefills_a_short_prompt_itself():
     p, d, cost, pair_s, local_s = pick_pair(*args([64.0, 64.0], [64.0, 64.0]), local=True)
     assert p == -1 and cost == local_s < pair_s
@@ -62,6 +71,18 @@ def test_a_busy_decode_batch_sends_a_long_prompt_to_a_pair():
         *args([4096.0], [4096.0, 4096.0], d_running=[32.0, 32.0]), local=True,
         stall_weight=1.0)
     assert p == 0 and cost == pair_s < local_s
+
+
+def test_a_prefill_on_a_busy_prefill_instance_counts_its_stall():
+    # equal queued work, but 8 prefills running on P0: its batch would wait for this one
+    step, pre, dec = RATE
+    a = args([1024.0, 1024.0], [0.0], p_running=[8.0, 0.0])
+    unc = np.array([1024.0, 1024.0])
+    assert pick_pair(*a, stall_weight=1.0, p_uncached=unc)[:2] == (1, 0)
+    p, d, cost, *_ = pick_pair(*a, stall_weight=1.0, p_uncached=unc, start=0)
+    assert cost == (step + pre * 1024) + step
+    with pytest.raises(ValueError):
+        pick_pair(*a, p_uncached=np.zeros(3))
 
 
 def test_ties_rotate_deterministically_with_start():
@@ -97,10 +118,13 @@ def test_compiled_matches_the_reference(P, D, data, local, stall, start, decode_
     d_running = data.draw(st.lists(small, min_size=D, max_size=D))
     xfer = data.draw(st.lists(st.lists(st.sampled_from([XFER, 2 * XFER, 8 * XFER]),
                                        min_size=D, max_size=D), min_size=P, max_size=P))
+    p_unc = data.draw(st.none() | st.lists(floats, min_size=P, max_size=P))
     a = args(p_work, d_unc, p_running, d_queued, d_running, xfer if P else np.zeros((0, D)))
     got = pick_pair(*a, decode_tokens=float(decode_tokens), chunk_tokens=2048.0, local=local,
-                    stall_weight=stall, start=start)
+                    stall_weight=stall, start=start,
+                    p_uncached=None if p_unc is None else np.array(p_unc, np.float64))
     want = ref.pick_pair(*[x.tolist() for x in a], decode_tokens=float(decode_tokens),
-                         chunk_tokens=2048.0, local=local, stall_weight=stall, start=start)
+                         chunk_tokens=2048.0, local=local, stall_weight=stall, start=start,
+                         p_uncached=p_unc)
     assert got[:2] == want[:2]
     assert got[2:] == pytest.approx(want[2:], rel=1e-12)

@@ -62,3 +62,18 @@ def test_bad_topology_labels_are_refused():
         CoordinatorConfig(pd={"joint": {"topology": {"p0": "rack1"}}})
     with pytest.raises(ValidationError):
         CoordinatorConfig(pd={"joint": {"stall_weight": -1}})
+
+
+def test_the_transfer_matrix_follows_closeness():
+    labels = {"p0": "r1/n1", "10.0.0.1:8001": "r1/n2", "10.0.0.2": "r2/n1", "d3": "r1/n1"}
+    ps = [ep("p0", Role.PREFILL, "10.0.0.1"), ep("p1", Role.PREFILL, "10.0.0.1", 8002),
+          ep("p2", Role.PREFILL, "10.0.0.5")]
+    ds = [ep("d0", Role.DECODE, "10.0.0.1", 8001), ep("d1", Role.DECODE, "10.0.0.2"),
+          ep("d2", Role.DECODE, "10.0.0.1", 8003), ep("d3", Role.DECODE, "10.0.0.9")]
+    j = chooser(topology=labels, transfer_us_per_token={"same_node": 1, "same_rack": 2,
+                                                        "other": 4})
+    m = j.transfer_matrix(ps, ds)
+    want = [[1e-6 * (1, 2, 4)[closeness(p, d, labels)] for d in ds] for p in ps]
+    assert m.tolist() == want
+    assert m.tolist() == j.transfer_matrix(ps, ds).tolist()      # cached places
+    assert {closeness(p, d, labels) for p in ps for d in ds} == {SAME_NODE, SAME_RACK, OTHER}
