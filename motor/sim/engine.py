@@ -427,6 +427,22 @@ class Engine:
                     self.metrics.prefix_cache_hits.inc(len(hits) * bs)
         return hits
 
+    def cached_prefix_blocks(self, tokens: Seq[int], lora_name: str | None = None) -> int:
+        """Whole blocks of ``tokens`` (the last token left out, as a schedule does) that are
+        in the prefix cache now, from the first; a lookup that changes nothing. A KV
+        connector reads only the blocks past this local hit (vLLM's NixlConnector:
+        "partial prefix cache hit: just read uncomputed blocks")."""
+        if not self.cfg.enable_prefix_caching:
+            return 0
+        bs = self.cfg.block_size
+        cached = self.pool.cached
+        h = lora_root(lora_name)
+        for k in range((len(tokens) - 1) // bs):
+            h = hash_block(h, tokens[k * bs:(k + 1) * bs])
+            if h not in cached:
+                return k
+        return max(0, (len(tokens) - 1) // bs)
+
     def _extend_hashes(self, s: Sequence, n_blocks: int) -> None:
         hashes, tokens, bs = s.hashes, s.tokens, self.cfg.block_size
         k = len(hashes)

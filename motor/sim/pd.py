@@ -78,6 +78,10 @@ class PdHost(Protocol):
     port: int
     model_name: str
 
+    def local_cached_blocks(self, prompts: list[list[int]], model: Any) -> int:
+        """Whole prompt blocks already in this simulator's prefix cache (not transferred)."""
+        ...
+
 
 @dataclass
 class _Room:
@@ -116,7 +120,8 @@ class PdSim:
         self.pushes: dict[str, asyncio.Future[int]] = {}
         self.bootstrap: HttpServer | None = None
         self.bootstrap_port: int | None = None
-        self.stats = {"pulled": 0, "pull_failed": 0, "pushed": 0, "callbacks": 0,
+        self.stats = {"pulled": 0, "pulled_blocks": 0, "pull_failed": 0, "pushed": 0,
+                      "callbacks": 0,
                       "rooms_taken": 0, "rooms_timed_out": 0, "kv_params_in": 0}
 
     # -- life cycle -------------------------------------------------------------------
@@ -191,13 +196,15 @@ class PdSim:
                     self.rooms.setdefault(r, _Room()).blocks = per
                 plan.rooms = rooms
             return plan
-        # decode role
+        # decode role: only the blocks past the local prefix hit cross over
         if ktp and ktp.get("do_remote_prefill"):
+            local = self.server.local_cached_blocks(prompts, body.get("model"))
             if ktp.get("metaserver"):
-                await self._callback_and_wait(ktp["metaserver"], prompts, base_id, chat, blocks)
+                await self._callback_and_wait(ktp["metaserver"], prompts, base_id, chat,
+                                              max(0, blocks - local))
                 plan.kv_loaded = True
             elif ktp.get("remote_host") and ktp.get("remote_port"):
-                plan.kv_loaded = await self._pull(ktp)
+                plan.kv_loaded = await self._pull(ktp, local)
         elif room is not None:
             await self._rendezvous(body)
             plan.kv_loaded = True
@@ -248,9 +255,10 @@ class PdSim:
             self.rooms.pop(r, None)
 
     # -- decode side ------------------------------------------------------------------
-    async def _pull(self, ktp: dict[str, Any]) -> bool:
-        """Read the blocks from P; whether they came (else the prompt is recomputed here, as
-        vLLM's ``kv_load_failure_policy: recompute``)."""
+    async def _pull(self, ktp: dict[str, Any], local: int = 0) -> bool:
+        """Read the blocks from P but the ``local`` ones already cached here; whether they
+        came (else the prompt is recomputed here, as vLLM's ``kv_load_failure_policy:
+        recompute``)."""
         host, port, rid = ktp.get("remote_host"), ktp.get("remote_port"), ktp.get("remote_request_id")
         blocks = 0
         try:
@@ -266,7 +274,9 @@ class PdSim:
             self.stats["pull_failed"] += 1   # kv_load_failure_policy recompute: go on locally
             return False
         self.stats["pulled"] += 1
-        await asyncio.sleep(self._scaled(blocks))
+        moved = max(0, blocks - local)
+        self.stats["pulled_blocks"] += moved
+        await asyncio.sleep(self._scaled(moved))
         return True
 
     async def _callback_and_wait(self, url: Any, prompts: list[list[int]], base_id: str,

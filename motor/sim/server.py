@@ -692,6 +692,14 @@ class SimServer:
         finally:
             self.pd.done(plan)
 
+    def local_cached_blocks(self, prompts: list[list[int]], model: Any) -> int:
+        """Whole prompt blocks in this engine's prefix cache now (PD: not transferred)."""
+        eng = self.engine
+        if eng is None:
+            return 0
+        lora = model if isinstance(model, str) and model in self.adapters else None
+        return sum(eng.cached_prefix_blocks(p, lora) for p in prompts)
+
     async def _run(self, req: Request, resp: Response, body: dict[str, Any],
                    prompts: list[list[int]], spec: SamplingSpec, n: int, stream: bool,
                    so: Any, fault: str | None, base_id: str, resp_id: str,

@@ -339,3 +339,35 @@ async def test_pd_prefill_retry_reuses_the_routing_key() -> None:
         assert calls == ["completions"]
     finally:
         await c.stop()
+
+
+@run_async
+async def test_decode_pulls_only_the_blocks_past_its_own_prefix_hit() -> None:
+    # the sim's decode role reads from P only what its prefix cache lacks, as vLLM's
+    # NixlConnector does; the second time the prompt's whole blocks are cached on D
+    sims = [SimServer(SimOptions(port=0, role=role, model="m",
+                                 engine=EngineConfig(time_scale=0.05)))
+            for role in ("prefill", "decode")]
+    for s in sims:
+        await s.start()
+    p, d = sims
+    try:
+        prompt = "hello " * 100
+        pulled = []
+        for _ in range(2):
+            st, _, pb = await http(p.port, "POST", "/v1/completions", orjson.dumps(
+                {"model": "m", "prompt": prompt, "max_tokens": 1,
+                 "kv_transfer_params": {"do_remote_decode": True}}))
+            assert st == 200, pb
+            ktp = orjson.loads(pb)["kv_transfer_params"]
+            before = d.pd.stats["pulled_blocks"]
+            st, _, db = await http(d.port, "POST", "/v1/completions", orjson.dumps(
+                {"model": "m", "prompt": prompt, "max_tokens": 2, "kv_transfer_params": ktp}))
+            assert st == 200, db
+            pulled.append(d.pd.stats["pulled_blocks"] - before)
+        # the second time: at most the partial last block (not a whole block: never cached)
+        assert pulled[0] > 4 and pulled[1] <= 1, pulled
+        assert d.pd.stats["pulled"] == 2
+    finally:
+        for s in sims:
+            await s.stop(0.2)
