@@ -212,15 +212,17 @@ class RoutingTokenizer:
         """Token ids of each text piece (no cache: safe in a thread)."""
         return [self._tok.encode(p, add_special_tokens=False).ids for p in pieces]
 
-    def encode_chat(self, text: str) -> list[int]:
-        """Token ids of a rendered chat (no special tokens added, as vLLM's chat).
+    def encode_chat(self, text: str, plan: list[str | int] | None = None) -> list[int]:
+        """Token ids of a rendered chat (no special tokens added, as vLLM's chat);
+        ``plan``: its :meth:`chat_plan` when the caller has it already.
 
         With a :func:`piece_splitter`, the pieces between added tokens are encoded on their
         own and kept in :attr:`pieces` (LRU): a system prompt or earlier turns seen before
         cost a lookup. That is what ``tokenizers`` itself does (added tokens are split out
         first, every piece is normalized, pre-tokenized and encoded alone), so the ids are
         the same as the whole text's."""
-        plan = self.chat_plan(text)
+        if plan is None:
+            plan = self.chat_plan(text)
         if plan is None:
             return self.encode(text, add_special_tokens=False)
         cache = self.pieces
@@ -395,6 +397,10 @@ class Tokenizers:
         self.off_loop_min_chars = off_loop_min_chars
         self.off_loop_threads = off_loop_threads
         self._pool: ThreadPoolExecutor | None = None
+        #: the chat :meth:`warm` rendered and did not hand to the pool: (body, its rendered
+        #: text, its plan), for the :meth:`token_ids` of the same body that follows (one
+        #: jinja render a request, not two); the body is compared by identity
+        self._rendered: tuple[dict[str, Any], str, list[str | int] | None] | None = None
 
     def get(self, model: str | None) -> RoutingTokenizer:
         src = self.mapping.get(model or "", self.mapping.get("*", BUILTIN))
@@ -427,8 +433,16 @@ class Tokenizers:
             return tok.chat_ids(body) if prompt is None else tok.completion_ids(body)
         ids = self.ids.get(key)
         if ids is None:
-            ids = tok.chat_ids(body) if prompt is None else tok.completion_ids(body)
+            if prompt is not None:
+                ids = tok.completion_ids(body)
+            else:
+                r = self._rendered
+                if r is not None and r[0] is body:      # warm() rendered it just before
+                    ids = tok.encode_chat(r[1], r[2])
+                else:
+                    ids = tok.chat_ids(body)
             self.ids.put(key, ids)
+        self._rendered = None
         return ids
 
     def warm(self, route: str, body: dict[str, Any]) -> asyncio.Future[Any] | None:
@@ -462,6 +476,7 @@ class Tokenizers:
             missing = list(dict.fromkeys(p for p in plan
                                          if isinstance(p, str) and p not in tok.pieces))
             if sum(map(len, missing)) < self.off_loop_min_chars:
+                self._rendered = (body, text, plan)
                 return None
             fut = loop.run_in_executor(self._executor(), tok.encode_pieces, missing)
 
@@ -473,6 +488,8 @@ class Tokenizers:
             fut.add_done_callback(keep_pieces)
             return fut
         if len(text) < self.off_loop_min_chars:
+            if prompt is None:
+                self._rendered = (body, text, None)
             return None
         fut = loop.run_in_executor(self._executor(), tok.encode, text, prompt is not None)
 

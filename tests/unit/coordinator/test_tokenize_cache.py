@@ -153,6 +153,25 @@ def _shared_tokenizer(model_dir: str) -> RoutingTokenizer:
     return _TOKENIZERS[model_dir]
 
 
+def test_a_short_chat_is_rendered_once_for_warm_then_token_ids(model_dir: str) -> None:
+    async def main() -> None:
+        toks = Tokenizers({"*": model_dir})
+        tok = toks.get("m")
+        renders = []
+        render = tok.render_chat
+        tok.render_chat = lambda body: renders.append(1) or render(body)  # type: ignore[method-assign]
+        body = chat("a short question")
+        assert toks.warm("chat", body) is None              # short: stays on the loop
+        ids = toks.token_ids("chat", body)
+        assert len(renders) == 1                            # warm's render was reused
+        assert ids == RoutingTokenizer(model_dir).chat_ids(body)
+        other = chat("another one")
+        assert toks.warm("chat", other) is None
+        toks.token_ids("chat", dict(other))                 # not the body warm saw
+        assert len(renders) == 3
+    asyncio.run(main())
+
+
 def test_a_shared_system_prompt_is_encoded_once(model_dir: str) -> None:
     tok = RoutingTokenizer(model_dir)
     tok.chat_ids(chat("one"))
