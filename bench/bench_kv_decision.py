@@ -25,7 +25,6 @@ from motor.coordinator.endpoints import EndpointState
 from motor.coordinator.kv.router import KvRouter
 from motor.coordinator.policy import RequestInfo
 from motor.coordinator.policy.kv_affinity import KvAffinity
-from motor.http.client import Pool
 
 pytestmark = pytest.mark.routing
 
@@ -33,29 +32,14 @@ PROMPT_TOKENS = 32768
 N = 64
 
 
-def _percentiles(benchmark):
-    if benchmark.stats is None:      # --benchmark-disable
-        return
-    data = np.asarray(benchmark.stats.stats.data)
-    benchmark.extra_info["p50_us"] = round(float(np.percentile(data, 50)) * 1e6, 2)
-    benchmark.extra_info["p99_us"] = round(float(np.percentile(data, 99)) * 1e6, 2)
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = Pool("127.0.0.1", 9)     # never connected: endpoints need one to exist
-    yield p
-    p.close()
-
-
 @pytest.mark.parametrize("session", [False, True], ids=["no-session", "session"])
 @pytest.mark.parametrize("cost", ["time", "tokens"])
-def test_kv_affinity_decision(benchmark, pool, cost, session):
+def test_kv_affinity_decision(benchmark, percentiles, idle_pool, cost, session):
     benchmark.group = f"kv_affinity.pick[tokens={PROMPT_TOKENS},endpoints={N}]"
     rng = np.random.default_rng(5)
     eps = []
     for i in range(N):
-        ep = EndpointState(f"dec-{i}", "m", Role.UNION, "127.0.0.1", 21000 + i, 0, pool)
+        ep = EndpointState(f"dec-{i}", "m", Role.UNION, "127.0.0.1", 21000 + i, 0, idle_pool)
         ep.ready = True
         ep.acquire(int(rng.integers(0, 20000)), int(rng.integers(0, 4000)),
                    int(rng.integers(0, 2000)))
@@ -77,10 +61,10 @@ def test_kv_affinity_decision(benchmark, pool, cost, session):
     ep = benchmark.pedantic(policy.pick, (eps, info, None), rounds=3000, iterations=1,
                             warmup_rounds=100)
     assert ep in eps
-    _percentiles(benchmark)
+    percentiles()
 
 
-def test_pick_ttft(benchmark):
+def test_pick_ttft(benchmark, percentiles):
     benchmark.group = f"scoring[tokens={PROMPT_TOKENS},candidates={N}]"
     rng = np.random.default_rng(3)
     ov = rng.integers(0, 200, size=(N, 3), dtype=np.int32)
@@ -92,4 +76,4 @@ def test_pick_ttft(benchmark):
                                                      running, rates, None, 8192.0, 7),
                                  rounds=3000, iterations=1, warmup_rounds=100)
     assert 0 <= best < N
-    _percentiles(benchmark)
+    percentiles()

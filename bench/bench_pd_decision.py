@@ -24,7 +24,6 @@ from motor.config.schema import CoordinatorConfig, Role
 from motor.coordinator.endpoints import EndpointState
 from motor.coordinator.policy import RequestInfo
 from motor.coordinator.policy.pairs import PairChooser
-from motor.http.client import Pool
 
 pytestmark = pytest.mark.routing
 
@@ -32,29 +31,14 @@ PROMPT_TOKENS = 32768
 N = 32          # per role: 64 candidates
 
 
-def _percentiles(benchmark):
-    if benchmark.stats is None:      # --benchmark-disable
-        return
-    data = np.asarray(benchmark.stats.stats.data)
-    benchmark.extra_info["p50_us"] = round(float(np.percentile(data, 50)) * 1e6, 2)
-    benchmark.extra_info["p99_us"] = round(float(np.percentile(data, 99)) * 1e6, 2)
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = Pool("127.0.0.1", 9)     # never connected: endpoints need one to exist
-    yield p
-    p.close()
-
-
 @pytest.mark.parametrize("local", [False, True], ids=["pairs", "pairs+local"])
-def test_joint_decision(benchmark, pool, local):
+def test_joint_decision(benchmark, percentiles, idle_pool, local):
     benchmark.group = f"pairs.choose[tokens={PROMPT_TOKENS},endpoints={2 * N}]"
     rng = np.random.default_rng(5)
     ps, ds = [], []
     for i in range(2 * N):
         role = Role.PREFILL if i < N else Role.DECODE
-        ep = EndpointState(f"e-{i}", "m", role, f"10.0.{i // 8}.{i % 8}", 21000 + i, 0, pool)
+        ep = EndpointState(f"e-{i}", "m", role, f"10.0.{i // 8}.{i % 8}", 21000 + i, 0, idle_pool)
         ep.ready = True
         ep.acquire(int(rng.integers(0, 20000)), int(rng.integers(0, 4000)),
                    int(rng.integers(0, 2000)))
@@ -70,10 +54,10 @@ def test_joint_decision(benchmark, pool, local):
     ch = benchmark.pedantic(j.choose, (info, ps, ds, local), rounds=3000, iterations=1,
                             warmup_rounds=100)
     assert ch is not None and ch.d in ds
-    _percentiles(benchmark)
+    percentiles()
 
 
-def test_pick_pair(benchmark):
+def test_pick_pair(benchmark, percentiles):
     benchmark.group = f"pairs.pick_pair[candidates={2 * N}]"
     rng = np.random.default_rng(3)
     p_work = rng.integers(0, 40000, N).astype(np.float64)
@@ -88,4 +72,4 @@ def test_pick_pair(benchmark):
                                               1.0, 7),
                                   rounds=3000, iterations=1, warmup_rounds=100)
     assert 0 <= d < N
-    _percentiles(benchmark)
+    percentiles()

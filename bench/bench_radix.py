@@ -48,14 +48,6 @@ def _chains(seed, n_chains, n_blocks):
     return [block_hashes(t, 16) for t in toks]
 
 
-def _percentiles(benchmark):
-    if benchmark.stats is None:      # --benchmark-disable
-        return
-    data = np.asarray(benchmark.stats.stats.data)
-    benchmark.extra_info["p50_us"] = round(float(np.percentile(data, 50)) * 1e6, 2)
-    benchmark.extra_info["p99_us"] = round(float(np.percentile(data, 99)) * 1e6, 2)
-
-
 @pytest.fixture(scope="module")
 def world():
     ix = radix.PrefixIndex(N_INSTANCES)
@@ -81,7 +73,7 @@ def world():
     return ix, prompts
 
 
-def test_match_hot(benchmark, world):
+def test_match_hot(benchmark, percentiles, world):
     benchmark.group = "radix.match"
     benchmark.name = f"match[{IDS},cache=hot]"
     ix, prompts = world
@@ -89,12 +81,12 @@ def test_match_hot(benchmark, world):
     q = prompts[0]
     benchmark.pedantic(ix.match_into, (q, out), rounds=20000, iterations=1, warmup_rounds=100)
     assert out[0].sum() == PROMPT_BLOCKS
-    _percentiles(benchmark)
+    percentiles()
     benchmark.extra_info["bytes_per_node"] = round(ix.memory_bytes / ix.n_nodes, 1)
     benchmark.extra_info["bytes_per_holding"] = round(ix.memory_bytes / ix.n_blocks, 1)
 
 
-def test_match_cold(benchmark, world):
+def test_match_cold(benchmark, percentiles, world):
     benchmark.group = "radix.match"
     benchmark.name = f"match[{IDS},cache=cold,prompts={N_PROMPTS}]"
     ix, prompts = world
@@ -105,10 +97,10 @@ def test_match_cold(benchmark, world):
         return ix.match_into(next(cycle), out)
 
     benchmark.pedantic(one, rounds=20000, iterations=1, warmup_rounds=N_PROMPTS)
-    _percentiles(benchmark)
+    percentiles()
 
 
-def test_match_miss(benchmark, world):
+def test_match_miss(benchmark, percentiles, world):
     """A prompt nobody holds: stops at the first block."""
     benchmark.group = "radix.match"
     benchmark.name = f"match[{IDS},cache=miss]"
@@ -117,7 +109,7 @@ def test_match_miss(benchmark, world):
     q = _chains(10, 1, PROMPT_BLOCKS)[0]
     benchmark.pedantic(ix.match_into, (q, out), rounds=20000, iterations=1, warmup_rounds=100)
     assert out.sum() == 0
-    _percentiles(benchmark)
+    percentiles()
 
 
 def test_store_ingest(benchmark, rate):

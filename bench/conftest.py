@@ -35,6 +35,29 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Mod
 
 
 @pytest.fixture
+def percentiles(benchmark: Any) -> Callable[[], None]:
+    """``percentiles()`` after the run: ``extra_info`` ``p50_us`` / ``p99_us`` of the rounds
+    (microseconds). Nothing when timing is off (``--benchmark-disable``)."""
+    def record() -> None:
+        if benchmark.stats is None:
+            return
+        import numpy as np
+        data = np.asarray(benchmark.stats.stats.data)
+        benchmark.extra_info["p50_us"] = round(float(np.percentile(data, 50)) * 1e6, 2)
+        benchmark.extra_info["p99_us"] = round(float(np.percentile(data, 99)) * 1e6, 2)
+    return record
+
+
+@pytest.fixture(scope="module")
+def idle_pool() -> Any:
+    """A client pool to 127.0.0.1:9 that never connects (endpoints need one to exist)."""
+    from motor.http.client import Pool
+    p = Pool("127.0.0.1", 9)
+    yield p
+    p.close()
+
+
+@pytest.fixture
 def rate(benchmark: Any) -> Callable[..., None]:
     """``rate(key, amount, digits=0)``: ``extra_info[key]`` = ``amount`` / median seconds
     (``digits=None``: not rounded). Nothing when timing is off (``--benchmark-disable``)."""

@@ -602,6 +602,17 @@ class PdPath(RequestPath):
             up.close()
             lease.release()
 
+    async def serve_local(self, ctx: Ctx, body: dict[str, Any]) -> None:
+        """Conditional disaggregation: a decode instance alone serves ``body`` (no
+        ``kv_transfer_params``: it prefills the prompt itself)."""
+        t_decode = time.perf_counter()
+        ep, up, lease = await self.open_decode(ctx, orjson.dumps(body), set())
+        with lease:
+            try:
+                await self.answer_decode(ctx, ep, up, None, t_decode)
+            finally:
+                up.close()
+
     async def answer_decode(self, ctx: Ctx, ep: EndpointState, up: UpstreamResponse,
                             p_answer: dict[str, Any] | None, t_decode: float) -> None:
         """Relay the decode's answer to the client: SSE streamed event by event (usage

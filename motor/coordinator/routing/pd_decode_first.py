@@ -91,14 +91,7 @@ class DecodeFirst(PdPath):
     async def run(self, ctx: Ctx) -> None:
         plan = await self.plan(ctx)
         if plan is not None and plan.local:
-            # conditional disaggregation: D alone, no kv_transfer_params (it prefills)
-            t_decode = time.perf_counter()
-            ep, up, lease = await self.open_decode(ctx, orjson.dumps(ctx.body), set())
-            with lease:
-                try:
-                    await self.answer_decode(ctx, ep, up, None, t_decode)
-                finally:
-                    up.close()
+            await self.serve_local(ctx, ctx.body)   # conditional disaggregation: D alone
             return
         children = self.child_ids(ctx)
         pend = {cid: _Pending(ctx, b) for cid, b in children}

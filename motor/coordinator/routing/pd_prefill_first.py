@@ -50,14 +50,7 @@ class PrefillFirst(PdPath):
                             error_body(400, STREAM_PROMPT_LOGPROBS, "prompt_logprobs"))
         plan = await self.plan(ctx)
         if plan is not None and plan.local:
-            # conditional disaggregation: D alone, no kv_transfer_params (it prefills)
-            t_decode = time.perf_counter()
-            ep, up, lease = await self.open_decode(ctx, orjson.dumps(body), set())
-            with lease:
-                try:
-                    await self.answer_decode(ctx, ep, up, None, t_decode)
-                finally:
-                    up.close()
+            await self.serve_local(ctx, body)   # conditional disaggregation: D alone
             return
         p_body = prefill_body(body, dict(NIXL_PULL_REQUEST))
         _, p_answer = await self.prefill(ctx, orjson.dumps(p_body), set())
