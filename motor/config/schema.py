@@ -578,7 +578,8 @@ class AdmissionConfig(_Strict):
                           "every queued request waits until served or its longest wait passed")
     priority_header: str = Field("x-motor-priority", pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
                                  description="request header naming a class (an HTTP field "
-                                             "name, RFC 9110 token)")
+                                             "name, RFC 9110 token); it may lower a key's "
+                                             "class, not raise it above the key's `priority`")
     max_inflight_per_instance: int = Field(
         0, ge=0, description="requests in flight per endpoint at most for endpoints whose "
                              "engine states no limit (standalone `--backend`s, instances "

@@ -16,13 +16,13 @@ overloaded). Otherwise it waits in its class's queue:
   away; a request that waited its class's longest wait (``max_wait_s``, else
   ``queue_timeout_s``) is refused (``queue timeout``).
 
-**Prediction** (``predict``, on by default in the config). Three rates, each exponentially
-weighted over :data:`RATE_TAU_S` (an event adds ``1 / tau``, the sum decays by
-``exp(-dt / tau)``; the in-flight level is averaged over time the same way)::
-
-    mu     = the rate requests end (requests/s)
-    S      = mean time in flight = mean requests in flight / mu (Little's law), seconds
-    lam_hi = the rate requests of the classes above c arrive, refused ones included (req/s)
+**Prediction** (``predict``, on by default in the config). The mean time a request spends in
+flight here, ``S`` (an exponentially weighted mean over about :data:`MEAN_OF` requests, from
+the time each one entered to its end: it does not fade while the gateway is idle), gives the
+capacity ``C = max_in_flight / S`` requests/s; each class's arrivals, refused ones included,
+are a rate ``lam`` exponentially weighted over :data:`RATE_TAU_S` (an event adds
+``1 / tau``, the sum decays by ``exp(-dt / tau)``). For a request of class ``c``, ``lam_hi``
+is the sum of the classes above it.
 
 * **Slots held for higher classes**: the classes above ``c`` are expected to hold
   ``L = lam_hi * S`` slots; ``R = ceil(L + sqrt(L))`` of them (their mean plus about one
@@ -66,29 +66,13 @@ RATE_TAU_S = 2.0
 #: requests that must have ended before the wait is predicted (until then, nobody is refused
 #: at arrival: a queue forms and waits are bounded by the class's longest wait)
 MIN_ENDS = 8
+#: the mean time in flight is an exponentially weighted mean over about this many requests
+MEAN_OF = 64
 #: a waiter kept off a free slot (held for a higher class) is looked at again this often, s
 HELD_RECHECK_S = 0.05
 #: a waiting request at the head of a :class:`SlotQueue` looks for room this often even
 #: without a release in this process (another worker's request ended, an endpoint came back)
 SLOT_POLL_S = 0.05
-
-
-class _Level:
-    """A level (requests in flight) averaged over time, exponentially weighted over
-    :data:`RATE_TAU_S`; call :meth:`moved` before the level changes."""
-    __slots__ = ("avg", "t")
-
-    def __init__(self) -> None:
-        self.avg = 0.0
-        self.t = 0.0
-
-    def value(self, now: float, level: int) -> float:
-        a = math.exp((self.t - now) / RATE_TAU_S)
-        return a * self.avg + (1.0 - a) * level
-
-    def moved(self, now: float, level: int) -> None:
-        self.avg = self.value(now, level)
-        self.t = now
 
 
 class _Rate:
@@ -182,6 +166,10 @@ class Admission:
         self.budget_s = [float(waits.get(c, queue_timeout_s)) for c in self.classes]
         self.predict = predict
         self._clock = clock
+        #: the clock the caller reads for :meth:`leave`'s ``started``
+        self.clock = clock
+        #: called with the queue length whenever it changes (the queue-length gauge)
+        self.on_queued: Callable[[int], None] | None = None
         self.weights = weights or {}
         self.in_flight = 0
         self.queued = 0
@@ -193,21 +181,26 @@ class Admission:
                                         "predicted wait": 0}
         self.wait_s_total = 0.0
         self._wait_ewma_s = 0.0
-        self._ends = _Rate()
         self._ends_n = 0
+        self._s_mean = 0.0      # mean time in flight, seconds (per-request EWMA)
         self._demand = [_Rate() for _ in self.classes]
-        self._level = _Level()
         self._in_flight_by = [0] * len(self.classes)
         self._recheck: asyncio.TimerHandle | None = None
+
+    def rank_of(self, name: str) -> int | None:
+        """Index of the class ``name`` (0 = highest), None when it is not one."""
+        return self._rank.get(name)
 
     def class_of(self, name: str | None) -> int:
         if name is None:
             return len(self.classes) - 1
         return self._rank.get(name, len(self.classes) - 1)
 
-    async def enter(self, key: str, cls: int) -> None:
-        """Wait for a slot; returns once the request is in flight (call :meth:`leave` with
-        the same ``cls`` when it ends, exactly once).
+    async def enter(self, key: str, cls: int) -> float:
+        """Wait for a slot; returns once the request is in flight, with the seconds it
+        waited (0.0: at once). Call :meth:`leave` with the same ``cls`` and, with
+        ``predict``, the time it entered (``clock()`` after this returns) when it ends,
+        exactly once.
 
         Raises
         ------
@@ -221,16 +214,15 @@ class Admission:
             if self.in_flight < self.max_in_flight and not self.queued:
                 self._admit(cls)
                 self.admitted_now += 1
-                return
+                return 0.0
         else:
             now = self._clock()
             self._demand[cls].add(now)
             if self.in_flight < self.max_in_flight and not self._ahead(cls) and (
                     cls == 0 or self._room(cls, now)):
-                self._level.moved(now, self.in_flight)
                 self._admit(cls)
                 self.admitted_now += 1
-                return
+                return 0.0
             wait_s = self.predicted_wait_s(cls, now)
             if wait_s > self.budget_s[cls]:
                 self.refused["predicted wait"] += 1
@@ -249,6 +241,8 @@ class Admission:
         kq.waiters.append(w)
         self.queued += 1
         self._queued_by[cls] += 1
+        if self.on_queued is not None:
+            self.on_queued(self.queued)
         timer = loop.call_later(self.budget_s[cls], self._expire, w)
         try:
             await w.fut
@@ -264,10 +258,12 @@ class Admission:
         self.admitted_waited += 1
         self.wait_s_total += waited
         self._wait_ewma_s += 0.2 * (waited - self._wait_ewma_s)
+        return waited
 
-    def leave(self, cls: int | None = None) -> None:
-        """A request in flight (of class ``cls``, as it entered; needed with ``predict``)
-        ended: its slot goes to the next waiter that may take it, if any."""
+    def leave(self, cls: int | None = None, started: float | None = None) -> None:
+        """A request in flight (of class ``cls``, as it entered; needed with ``predict``,
+        as is ``started``, the ``clock()`` time it entered) ended: its slot goes to the next
+        waiter that may take it, if any."""
         if not self.predict:
             self.in_flight -= 1
             if cls is not None:
@@ -280,12 +276,14 @@ class Admission:
                 w.fut.set_result(None)
             return
         now = self._clock()
-        self._level.moved(now, self.in_flight)
         self.in_flight -= 1
         if cls is not None:
             self._in_flight_by[cls] -= 1
-        self._ends.add(now)
-        self._ends_n += 1
+        if started is not None:
+            dur = max(0.0, now - started)
+            self._ends_n += 1
+            # the first requests set the mean, then each moves it by 1/MEAN_OF
+            self._s_mean += (dur - self._s_mean) / min(self._ends_n, MEAN_OF)
         self._grant(now)
 
     def _grant(self, now: float) -> None:
@@ -304,7 +302,6 @@ class Admission:
             w = self._next(len(self._queues))
             if w is None:
                 return
-            self._level.moved(now, self.in_flight)
             self._admit(w.cls)
             w.fut.set_result(None)
 
@@ -314,15 +311,10 @@ class Admission:
 
     # -- prediction (module doc) ---------------------------------------------------------
     def _service(self, now: float) -> tuple[float, float] | None:
-        """(capacity requests/s, S seconds): S = mean requests in flight / mu, the capacity
-        ``max_in_flight / S``; None before MIN_ENDS requests ended."""
-        if self._ends_n < MIN_ENDS:
-            return None
-        mu = self._ends.value(now)
-        if mu <= 0.0:
-            return None
-        s_mean = self._level.value(now, self.in_flight) / mu
-        if s_mean <= 0.0:
+        """(capacity requests/s, S seconds): S = the mean time in flight of the requests
+        that ended here, the capacity ``max_in_flight / S``; None before MIN_ENDS ended."""
+        s_mean = self._s_mean
+        if self._ends_n < MIN_ENDS or s_mean <= 0.0:
             return None
         return self.max_in_flight / s_mean, s_mean
 
@@ -401,6 +393,8 @@ class Admission:
                 w = kq.waiters.popleft()
                 self.queued -= 1
                 self._queued_by[w.cls] -= 1
+                if self.on_queued is not None:
+                    self.on_queued(self.queued)
                 kq.credit -= 1
                 if not kq.waiters:
                     q.order.popleft()
@@ -421,6 +415,8 @@ class Admission:
             return
         self.queued -= 1
         self._queued_by[w.cls] -= 1
+        if self.on_queued is not None:
+            self.on_queued(self.queued)
         if not kq.waiters:
             try:
                 q.order.remove(key)

@@ -191,6 +191,7 @@ class Edge:
             self.admission = Admission(a.max_in_flight, a.max_queue, a.queue_timeout_s,
                                        a.classes, {n: k.weight for n, k in lim.keys.items()},
                                        max_wait_s=a.max_wait_s, predict=a.predict)
+            self.admission.on_queued = metrics.ADMISSION_QUEUED.set
         self.priority_header = a.priority_header.lower().encode()
         if self.keys is not None and not cfg.api_keys_file and not env_keys.strip(", "):
             # every key is in the config: a limit naming no key is most likely a typo
@@ -283,20 +284,25 @@ class Edge:
             resp.extra_headers = limiter.headers(name)   # as OpenAI: on every answer
         adm = self.admission
         if adm is not None:
-            cls_name = (req.header(self.priority_header) or b"").decode("latin-1").strip() \
-                or self._key_class.get(name) or self._default_class
-            cls = adm.class_of(cls_name)
-            queued_before = adm.queued
+            # the key's class; the header may pick one at or below it (a key without a
+            # configured class: any class); an unknown header value is ignored
+            own = self._key_class.get(name) or self._default_class
+            cls = adm.class_of(own)
+            hdr = req.header(self.priority_header)
+            if hdr:
+                asked = adm.rank_of(hdr.decode("latin-1").strip())
+                if asked is not None:
+                    cls = asked if own is None else max(asked, cls)
             try:
-                await adm.enter(name, cls)
+                waited = await adm.enter(name, cls)
             except Refused as e:
-                metrics.ADMISSION_QUEUED.set(adm.queued)
                 if limiter is not None:
                     limiter.settle(name, tokens, 0)   # nothing was served
                 self._overloaded(route, resp, name, e)
                 return
-            if queued_before or adm.queued:
-                metrics.ADMISSION_QUEUED.set(adm.queued)
+            if waited:
+                metrics.ADMISSION_WAIT.labels(adm.classes[cls]).observe(waited)
+            started = adm.clock()
         tap = None
         if limiter is not None and (name in self._tpm_keys or (
                 "*" in self._tpm_keys and name not in limiter.limits)):
@@ -306,7 +312,7 @@ class Edge:
             await handle(route, req, resp)
         finally:
             if adm is not None:
-                adm.leave(cls)
+                adm.leave(cls, started)
             if tap is not None and limiter is not None:
                 used = tap.total
                 limiter.settle(name, tokens, used)

@@ -132,15 +132,51 @@ async def test_admission_caps_engines_queues_by_class_and_sheds_with_retry_after
         urgent = asyncio.create_task(stream(gw.port, "/v1/completions", STREAM % 4,
                                             headers={"x-motor-priority": "interactive"}))
         assert await wait_for(lambda: adm.queued == 2)
+        _, _, text = await http(gw.port, "GET", "/metrics")
+        assert b"\nmotor_coordinator_admission_queue_requests 2.0" in text
         st, hdrs, body = await http(gw.port, "POST", "/v1/completions", STREAM % 1)
         assert st == 503 and int(hdrs["retry-after"]) >= 1     # queue full: at once
         assert "queue full" in orjson.loads(body)["error"]["message"]
         results = await asyncio.gather(first, batch, urgent)
         assert [r[0] for r in results] == [200, 200, 200]
+        _, _, text = await http(gw.port, "GET", "/metrics")
+        for c in ("interactive", "batch"):            # each waited, once
+            assert f'motor_coordinator_admission_wait_seconds_count{{class="{c}"}} 1.0'.encode() \
+                in text, c
+        assert b"\nmotor_coordinator_admission_queue_requests 0.0" in text
         assert fb.max_open == 1                                 # the cap held at the engine
         order = [orjson.loads(e.body)["max_tokens"] for e in fb.log]
         assert order == [20, 4, 3]                              # interactive before batch
         assert adm.in_flight == 0 and adm.queued == 0
+
+
+@run_async
+async def test_the_priority_header_cannot_raise_a_key_above_its_class():
+    fb = FB(tokens=5, token_delay_s=0.02)
+    async with cluster(fbs=[fb],
+                       api_keys=[{"name": "bulk", "key": "sk-bulk"}, {"name": "ui", "key": "sk-ui"}],
+                       limits={"keys": {"bulk": {"priority": "batch"},
+                                        "ui": {"priority": "interactive"}}},
+                       admission={"max_in_flight": 1, "max_queue": 4, "queue_timeout_s": 30,
+                                  "predict": False}) as (_fbs, gw):
+        adm = gw.coord.edge.admission
+        first = asyncio.create_task(stream(gw.port, "/v1/completions", STREAM % 20,
+                                           headers={"authorization": "Bearer sk-ui"}))
+        assert await wait_for(lambda: adm.in_flight == 1)
+        # a batch key asking for interactive stays batch; an interactive key naming no
+        # known class stays interactive; one asking for batch is lowered
+        tasks = []
+        for n, key, prio in ((3, "sk-bulk", "interactive"), (4, "sk-ui", "bogus"),
+                             (5, "sk-ui", "batch"), (6, "sk-ui", "interactive")):
+            tasks.append(asyncio.create_task(stream(
+                gw.port, "/v1/completions", STREAM % n,
+                headers={"authorization": f"Bearer {key}", "x-motor-priority": prio})))
+            want = len(tasks)
+            assert await wait_for(lambda want=want: adm.queued == want)
+        results = await asyncio.gather(first, *tasks)
+        assert [r[0] for r in results] == [200] * 5
+        order = [orjson.loads(e.body)["max_tokens"] for e in fb.log]
+        assert order == [20, 4, 6, 3, 5]      # interactive 4, 6 first; then batch 3, 5
 
 
 @run_async

@@ -26,16 +26,20 @@ def warm(adm: Admission, clock: Clock, per_cycle: int, cycles: int = 40, cls: in
     """Steady load of class ``cls``: ``per_cycle`` requests in flight, each ``period_s``
     long, one ending and the next entering every ``period_s / per_cycle`` (S = period_s,
     ``per_cycle / period_s`` requests/s); then they all end."""
+    started: list[float] = []
+
     async def main() -> None:
         for _ in range(per_cycle):
             await adm.enter("warm", cls)
+            started.append(clock())
             clock.t += period_s / per_cycle
         for _ in range(cycles * per_cycle):
-            adm.leave(cls)
+            adm.leave(cls, started.pop(0))
             await adm.enter("warm", cls)
+            started.append(clock())
             clock.t += period_s / per_cycle
         for _ in range(per_cycle):
-            adm.leave(cls)
+            adm.leave(cls, started.pop(0))
     asyncio.run(main())
     assert adm.in_flight == 0 and adm._ends_n >= MIN_ENDS
 
@@ -149,4 +153,25 @@ def test_each_class_waits_at_most_its_own_longest_wait():
         adm.leave(1)
         await asyncio.wait_for(batch, 1.0)
         assert adm.in_flight == 1
+    asyncio.run(main())
+
+
+def test_an_idle_spell_does_not_inflate_the_prediction():
+    # the mean time in flight is measured per request: ten idle seconds change nothing, and
+    # a burst after them is predicted as before (a rate of ends would have faded to ~0)
+    clock = Clock()
+    adm = Admission(2, 10, 30.0, ["interactive", "batch"],
+                    max_wait_s={"interactive": 0.4}, predict=True, clock=clock)
+    warm(adm, clock, per_cycle=2)           # S = 0.5 s, capacity 4 requests/s
+    clock.t += 10.0
+
+    async def main():
+        await adm.enter("a", 0)
+        await adm.enter("a", 0)
+        assert adm.predicted_wait_s(0) == pytest.approx(0.25, rel=0.2)
+        waiting = asyncio.ensure_future(adm.enter("a", 0))   # 0.25 s < 0.4 s: it queues
+        await asyncio.sleep(0)
+        assert not waiting.done() and adm.queued == 1
+        adm.leave(0, clock())
+        assert await waiting == 0.0            # the fake clock did not move
     asyncio.run(main())
