@@ -39,6 +39,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from workers_cost import _descendants  # noqa: E402 (the process tree, one reading of /proc)
 TICK = os.sysconf("SC_CLK_TCK")
 LUA = """
 wrk.method = "POST"
@@ -56,19 +58,6 @@ def _free_ports(n: int) -> list[int]:
     for s in socks:
         s.close()
     return ports
-
-
-def _tree(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                todo += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return out
 
 
 def _stat(pids: list[int]) -> tuple[float, float, int, int]:
@@ -143,8 +132,8 @@ def one_run(workers: int, lua: str, backends: list[int], backend_pid: int, durat
         w, _ = _wrk(gw, lua, warmup)
         w.communicate()
         time.sleep(0.5)
-        tree = _tree(coord.pid)
-        bpids = _tree(backend_pid)
+        tree = _descendants(coord.pid)
+        bpids = _descendants(backend_pid)
         c0, b0, m0 = _stat(tree), _stat(bpids), _busy_cores()
         w, _ = _wrk(gw, lua, duration)
         out, _ = w.communicate()

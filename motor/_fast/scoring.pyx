@@ -83,15 +83,38 @@ cdef inline bint _rotates_first(Py_ssize_t a, Py_ssize_t b, Py_ssize_t start,
     return (a - start + k) % k < (b - start + k) % k
 
 
+cdef inline double _load_of(const ScoreParams *p, const ScoreInputs *x,
+                           Py_ssize_t i) noexcept nogil:
+    """Weighted load of instance ``i`` (prefill and decode tokens in flight, queue)."""
+    return (p.w_prefill * x.prefill_tokens[i] + p.w_decode * x.decode_tokens[i]
+            + p.w_queue * x.queue[i])
+
+
+cdef inline double _cost_of(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t i,
+                           double guard, double bs0, double bs1, double bs2,
+                           double *load) noexcept nogil:
+    """Token cost of instance ``i``: uncached prompt tokens (no credit above the load guard)
+    + its load; ``load[0]``: the load."""
+    cdef const int32_t *ov = x.overlap + 3 * i
+    cdef double saved, left
+    load[0] = _load_of(p, x, i)
+    saved = bs0 * ov[0] + bs1 * ov[1] + bs2 * ov[2]
+    if load[0] > guard:
+        saved = 0.0
+    left = p.prompt_tokens - saved
+    if left < 0.0:
+        left = 0.0
+    return left + load[0]
+
+
 cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t start,
                           double *costs, double *best_cost) noexcept nogil:
     cdef Py_ssize_t pos, q, i, best = -1
-    cdef double load, saved, cost, left, total = 0.0, guard = INFINITY
+    cdef double load, cost, total = 0.0, guard = INFINITY
     cdef double best_c = INFINITY, best_l = INFINITY
     cdef double bs0 = p.block_size * p.credit[0]
     cdef double bs1 = p.block_size * p.credit[1]
     cdef double bs2 = p.block_size * p.credit[2]
-    cdef const int32_t *ov
     if x.k <= 0:
         best_cost[0] = INFINITY
         return -1
@@ -99,8 +122,7 @@ cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t
         for pos in range(x.k):
             i = x.cand32[pos] if x.cand32 != NULL else (
                 x.cand64[pos] if x.cand64 != NULL else pos)
-            total += (p.w_prefill * x.prefill_tokens[i] + p.w_decode * x.decode_tokens[i]
-                      + p.w_queue * x.queue[i])
+            total += _load_of(p, x, i)
         # load_i > g * (total - load_i) / (k - 1)  <=>  load_i > g * total / (k - 1 + g):
         # one threshold for every candidate
         guard = p.guard_factor * total / (x.k - 1 + p.guard_factor)
@@ -113,16 +135,7 @@ cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t
             pos -= x.k
         i = x.cand32[pos] if x.cand32 != NULL else (
             x.cand64[pos] if x.cand64 != NULL else pos)
-        ov = x.overlap + 3 * i
-        load = (p.w_prefill * x.prefill_tokens[i] + p.w_decode * x.decode_tokens[i]
-                + p.w_queue * x.queue[i])
-        saved = bs0 * ov[0] + bs1 * ov[1] + bs2 * ov[2]
-        if load > guard:
-            saved = 0.0
-        left = p.prompt_tokens - saved
-        if left < 0.0:
-            left = 0.0
-        cost = left + load
+        cost = _cost_of(p, x, i, guard, bs0, bs1, bs2, &load)
         if costs != NULL:
             costs[pos] = cost
         if cost < best_c or (cost == best_c and load < best_l):
@@ -133,17 +146,7 @@ cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t
         # only the favored one's value moved (down): it is the argmin, or the argmin stays
         pos = _position(x.cand32, x.cand64, x.k, p.favored)
         if pos >= 0 and pos != best:
-            i = p.favored
-            ov = x.overlap + 3 * i
-            load = (p.w_prefill * x.prefill_tokens[i] + p.w_decode * x.decode_tokens[i]
-                    + p.w_queue * x.queue[i])
-            saved = bs0 * ov[0] + bs1 * ov[1] + bs2 * ov[2]
-            if load > guard:
-                saved = 0.0
-            left = p.prompt_tokens - saved
-            if left < 0.0:
-                left = 0.0
-            cost = left + load
+            cost = _cost_of(p, x, p.favored, guard, bs0, bs1, bs2, &load)
             if (cost - p.favored_credit < best_c or (cost - p.favored_credit == best_c and (
                     load < best_l or (load == best_l and _rotates_first(pos, best, start,
                                                                         x.k))))):
