@@ -32,6 +32,7 @@ cdef class PrefixIndex:
     cdef int _nwords                 # 64-instance words per mask
     cdef int _stride                 # uint64 words per node in _bits (4 * _nwords)
     cdef uint64_t _last_word_mask    # valid instances in the last word
+    cdef int _used_words             # words up to the highest instance ever stored (match reads these)
 
     # open-addressing table (linear probing, backward-shift delete)
     cdef RadixSlot *_slots

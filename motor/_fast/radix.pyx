@@ -127,6 +127,7 @@ cdef class PrefixIndex:
         self.max_instances = max_instances
         self._nwords = (max_instances + 63) // 64
         self._stride = RADIX_MASKS_PER_WORD * self._nwords
+        self._used_words = 0
         if max_instances % 64 == 0:
             self._last_word_mask = ~(<uint64_t>0)
         else:
@@ -439,6 +440,8 @@ cdef class PrefixIndex:
                     raise ValueError(f"block_hashes[{k}] is expected to be non-zero "
                                      f"(0 is the root sentinel), got 0")
             w = instance >> 6
+            if w >= self._used_words:
+                self._used_words = w + 1
             bit = (<uint64_t>1) << (instance & 63)
             parent = RADIX_NO_NODE
             if parent_hash != 0:
@@ -669,7 +672,9 @@ cdef class PrefixIndex:
         cdef uint64_t p1[RADIX_MAX_WORDS]
         cdef uint64_t p2[RADIX_MAX_WORDS]
         cdef uint32_t ring[32]
-        cdef int W = self._nwords, w, inst
+        # Only the words up to the highest instance ever stored can hold a bit: 64 endpoints
+        # read one word of each node's masks, not max_instances / 64.
+        cdef int W = self._used_words, w, inst
         cdef int stride = self._stride, shift = self._slot_shift
         cdef Py_ssize_t j, end = n, pre
         cdef uint32_t node
@@ -686,9 +691,10 @@ cdef class PrefixIndex:
             p0[w] = 0
             p1[w] = 0
             p2[w] = 0
-        active[W - 1] = self._last_word_mask
-        if n <= 0:
+        if n <= 0 or W == 0:
             return 0
+        if W == self._nwords:
+            active[W - 1] = self._last_word_mask
         pre = n if n < RADIX_PREFETCH_SLOTS else RADIX_PREFETCH_SLOTS
         for j in range(pre):
             mf_prefetch(&slots[_home(q[j], shift)])

@@ -14,6 +14,7 @@ cdef struct ScoreParams:
     double w_decode                  # weight of in-flight decode tokens
     double w_queue                   # weight of waiting requests
     double guard_factor              # <= 0: no load guard
+    double guard_min_load            # the guard acts only when some load is above this
     Py_ssize_t favored               # instance index given a credit (session), -1: none
     double favored_credit            # prompt-token equivalents off the favored one's cost
 

@@ -25,6 +25,7 @@ def pick(
     start: int = 0,
     favored: int = -1,
     favored_credit: float = 0.0,
+    guard_min_load: float = 0.0,
 ) -> tuple[int, float]:
     """(instance index, cost in prefill-token equivalents, without the favored one's
     credit); (-1, inf) without candidates."""

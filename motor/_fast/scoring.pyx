@@ -7,6 +7,7 @@ For candidate instance ``i`` (all quantities in prefill-token equivalents)::
     load_i   = w_prefill * prefill_tokens[i] + w_decode * decode_tokens[i]
                + w_queue * queue[i]
     saved_i  = 0                if guard_factor > 0 and k > 1
+                                and max_j load_j > guard_min_load
                                 and load_i > guard_factor * mean(load_j, j != i)
     cost_i   = max(prompt_tokens - saved_i, 0) + load_i
 
@@ -110,7 +111,7 @@ cdef inline double _cost_of(const ScoreParams *p, const ScoreInputs *x, Py_ssize
 cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t start,
                           double *costs, double *best_cost) noexcept nogil:
     cdef Py_ssize_t pos, q, i, best = -1
-    cdef double load, cost, total = 0.0, guard = INFINITY
+    cdef double load, cost, total = 0.0, guard = INFINITY, top = -INFINITY
     cdef double best_c = INFINITY, best_l = INFINITY
     cdef double bs0 = p.block_size * p.credit[0]
     cdef double bs1 = p.block_size * p.credit[1]
@@ -122,10 +123,14 @@ cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t
         for pos in range(x.k):
             i = x.cand32[pos] if x.cand32 != NULL else (
                 x.cand64[pos] if x.cand64 != NULL else pos)
-            total += _load_of(p, x, i)
+            load = _load_of(p, x, i)
+            total += load
+            if load > top:
+                top = load
         # load_i > g * (total - load_i) / (k - 1)  <=>  load_i > g * total / (k - 1 + g):
-        # one threshold for every candidate
-        guard = p.guard_factor * total / (x.k - 1 + p.guard_factor)
+        # one threshold for every candidate (none while every load is light)
+        if top > p.guard_min_load:
+            guard = p.guard_factor * total / (x.k - 1 + p.guard_factor)
     start = start % x.k
     if start < 0:
         start += x.k
@@ -175,7 +180,8 @@ cdef int _prepare(ScoreParams *p, ScoreInputs *x, object overlap, Py_ssize_t pro
                   Py_ssize_t block_size, object tier_credit, object prefill_tokens,
                   object decode_tokens, object queue, object candidates, double w_prefill,
                   double w_decode, double w_queue, double guard_factor,
-                  Py_ssize_t favored=-1, double favored_credit=0.0) except -1:
+                  Py_ssize_t favored=-1, double favored_credit=0.0,
+                  double guard_min_load=0.0) except -1:
     cdef cnp.ndarray ov, cand
     cdef const double *credit
     cdef Py_ssize_t n, j, v
@@ -233,6 +239,7 @@ cdef int _prepare(ScoreParams *p, ScoreInputs *x, object overlap, Py_ssize_t pro
     p.w_decode = w_decode
     p.w_queue = w_queue
     p.guard_factor = guard_factor
+    p.guard_min_load = guard_min_load
     p.favored = favored
     p.favored_credit = favored_credit
     return 0
@@ -241,7 +248,8 @@ cdef int _prepare(ScoreParams *p, ScoreInputs *x, object overlap, Py_ssize_t pro
 def pick(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
          prefill_tokens, decode_tokens, queue, candidates=None, double w_prefill=1.0,
          double w_decode=0.0, double w_queue=0.0, double guard_factor=0.0,
-         Py_ssize_t start=0, Py_ssize_t favored=-1, double favored_credit=0.0):
+         Py_ssize_t start=0, Py_ssize_t favored=-1, double favored_credit=0.0,
+         double guard_min_load=0.0):
     """Cheapest candidate for a request (see the module docstring for the cost).
 
     Parameters
@@ -271,6 +279,9 @@ def pick(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
         Instance index (0..n-1; -1 = none, the default) whose cost is lowered by
         ``favored_credit`` prompt-token equivalents for the comparison only (session
         affinity: a soft preference, bounded by the credit).
+    guard_min_load : float, optional
+        The guard acts only when some candidate's load is above this (prefill-token
+        equivalents; default 0): under light load every cached prefix counts.
 
     Returns
     -------
@@ -293,7 +304,7 @@ def pick(overlap, Py_ssize_t prompt_tokens, Py_ssize_t block_size, tier_credit,
     cdef Py_ssize_t pos
     _prepare(&p, &x, overlap, prompt_tokens, block_size, tier_credit, prefill_tokens,
              decode_tokens, queue, candidates, w_prefill, w_decode, w_queue, guard_factor,
-             favored, favored_credit)
+             favored, favored_credit, guard_min_load)
     pos = score_ptr(&p, &x, start, NULL, &best_cost)
     if pos < 0:
         return -1, best_cost

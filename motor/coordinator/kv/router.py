@@ -138,6 +138,12 @@ class KvRouter:
     def slots(self) -> dict[str, int]:
         return dict(self._slots)
 
+    @property
+    def slot_map(self) -> dict[str, int]:
+        """Endpoint key -> slot, the live dict (read it, never write it: :meth:`slot`
+        allocates, :meth:`forget` frees)."""
+        return self._slots
+
     def forget(self, key: str, reason: str = "removed") -> int:
         """Endpoint ``key`` left: purge its blocks everywhere and free its slot."""
         s = self._slots.pop(key, None)
@@ -217,12 +223,17 @@ class KvRouter:
         """int32[MAX_INSTANCES, 3]: leading cached blocks per slot and fastest tier
         (a view of a reused buffer: valid until the next call)."""
         out = self._out
-        self.exact.match_into(hashes, out)
         a = self.approx.get(group or "")
-        if a is not None and a.index.n_nodes:
-            a.sweep(self.clock())
-            a.index.match_into(hashes, self._out2)
-            np.maximum(out, self._out2, out=out)
+        if a is None or not a.index.n_nodes:
+            self.exact.match_into(hashes, out)
+            return out
+        a.sweep(self.clock())
+        if not self.exact.n_nodes:      # approximate mode only: one match
+            a.index.match_into(hashes, out)
+            return out
+        self.exact.match_into(hashes, out)
+        a.index.match_into(hashes, self._out2)
+        np.maximum(out, self._out2, out=out)
         return out
 
     def routed(self, ep: EndpointState, group: str | None,

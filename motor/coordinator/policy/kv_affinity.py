@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from motor._fast.columns import gather
 from motor._fast.scoring import pick as score_pick
 from motor._fast.scoring import pick_ttft
 from motor.config.schema import KvCost
@@ -78,6 +79,9 @@ from motor.coordinator.policy.ttft import RateModel, TtftWatch, engine_columns
 if TYPE_CHECKING:
     from motor.coordinator.endpoints import EndpointState
 
+#: per candidate: (prefill tokens, decode tokens, requests) in flight, float64[k] each
+Columns = tuple[np.ndarray, np.ndarray, np.ndarray]
+
 logger = logging.getLogger(__name__)
 
 
@@ -90,6 +94,8 @@ class KvAffinity(Policy):
         c = self.router.cfg
         self.tier_credit = np.array([c.tier_credit.device, c.tier_credit.host, c.tier_credit.disk],
                                     dtype=np.float64)
+        self._credit = (float(c.tier_credit.device), float(c.tier_credit.host),
+                        float(c.tier_credit.disk))
         self._next = 0
         self.time_cost = c.cost is KvCost.TIME
         t = c.ttft
@@ -147,27 +153,31 @@ class KvAffinity(Policy):
         cands = [e for e in candidates if e not in exclude] if exclude else candidates
         if not cands:
             cands = candidates
-        k = len(cands)
         r = self.router
-        overlap = np.zeros((k, 3), dtype=np.int32)
         hashes = request.block_hashes
-        slots = np.fromiter((r.slot(e.key) for e in cands), np.intp, k)
-        if hashes is not None and len(hashes):
-            overlap[:] = r.match(hashes, request.model)[slots]
+        m = r.match(hashes, request.model) if hashes is not None and len(hashes) else None
+        # one worker: this process's counters; several: the shared table (load_columns)
+        local = getattr(cands[0], "shared", None) is None
+        last = self._session_last(request)
+        slots, overlap, loads, missing, fav = gather(cands, r.slot_map, m, local, last)
+        if missing:                 # an endpoint new to KV routing: give it a slot
+            for e in cands:
+                r.slot(e.key)
+            slots, overlap, loads, missing, fav = gather(cands, r.slot_map, m, local, last)
+        cols = (loads[0], loads[1], loads[2]) if loads is not None else load_columns(cands)
         start = self._next
         self._next = start + 1
-        fav = self._session_position(cands, request)
         if fav < 0 and request.session is not None and self.sessions is not None:
             start = session_start(request.session)   # the same endpoint in every worker
         if self.time_cost:
-            pos, cost = self._pick_time(cands, request, overlap, slots, start, fav)
+            pos, cost = self._pick_time(cands, request, overlap, slots, cols, start, fav)
         else:
-            pos, cost = self._pick_tokens(cands, request, overlap, start, fav)
+            pos, cost = self._pick_tokens(cands, request, overlap, cols, start, fav)
         ep = cands[pos]
-        ov = overlap[pos]
-        cached_blocks = int(ov.sum())
-        saved = r.block_size * float(self.tier_credit @ ov)
-        request.cached_tokens = min(cached_blocks * r.block_size, request.prompt_tokens)
+        o0, o1, o2 = overlap[pos].tolist()
+        c0, c1, c2 = self._credit
+        saved = r.block_size * (c0 * o0 + c1 * o1 + c2 * o2)
+        request.cached_tokens = min((o0 + o1 + o2) * r.block_size, request.prompt_tokens)
         request.cost = cost
         request.prefill_tokens = max(0, int(request.prompt_tokens - saved))
         if hashes is not None:
@@ -175,26 +185,22 @@ class KvAffinity(Policy):
             metrics.KV_MATCHED_TOKENS.inc(request.cached_tokens)
         return ep
 
-    def _session_position(self, cands: list[EndpointState], request: RequestInfo) -> int:
-        """Position in ``cands`` of the endpoint that served ``request``'s session last
-        (-1: no session, not remembered, or that endpoint is not a candidate)."""
+    def _session_last(self, request: RequestInfo) -> str | None:
+        """Key of the endpoint that served ``request``'s session last (None: no session,
+        affinity off, or not remembered)."""
         s = request.session
         if s is None or self.sessions is None:
-            return -1
-        last = self.sessions.last(s)
-        if last is not None:
-            for j, e in enumerate(cands):
-                if e.key == last:
-                    return j
-        return -1
+            return None
+        return self.sessions.last(s)
 
     def _pick_time(self, cands: list[EndpointState], request: RequestInfo,
-                   overlap: np.ndarray, slots: np.ndarray, start: int,
+                   overlap: np.ndarray, slots: np.ndarray, cols: Columns, start: int,
                    fav: int = -1) -> tuple[int, float]:
-        """Argmin of the predicted TTFT (seconds); sets ``request.ttft_obs``. ``fav``: the
+        """Argmin of the predicted TTFT (seconds); sets ``request.ttft_obs``. ``cols``: the
+        candidates' (prefill tokens, decode tokens, requests) in flight; ``fav``: the
         session's endpoint (position), credited ``credit_tokens`` at its prefill rate."""
         r = self.router
-        queued, _, running = load_columns(cands)  # all workers' load when workers > 1
+        queued, _, running = cols
         if getattr(cands[0], "shared", None) is not None:
             eng = engine_columns(cands, time.time(), self.engine_max_age_s)
             if eng is not None:
@@ -207,8 +213,9 @@ class KvAffinity(Policy):
                               queued, running, rates, None, self.chunk_tokens, start,
                               favored=fav, favored_credit=credit,
                               stall_weight=self.stall_weight)
-        saved = r.block_size * float(self.tier_credit @ overlap[pos])
-        uncached = max(0.0, request.prompt_tokens - saved)
+        o0, o1, o2 = overlap[pos].tolist()
+        c0, c1, c2 = self._credit
+        uncached = max(0.0, request.prompt_tokens - r.block_size * (c0 * o0 + c1 * o1 + c2 * o2))
         self.mean_uncached += 0.05 * (uncached - self.mean_uncached)
         if self.learn:
             request.ttft_obs = (int(slots[pos]), self.rates.features(
@@ -243,22 +250,19 @@ class KvAffinity(Policy):
                      if fav >= 0 else "")
 
     def _pick_tokens(self, cands: list[EndpointState], request: RequestInfo,
-                     overlap: np.ndarray, start: int, fav: int = -1) -> tuple[int, float]:
-        """Argmin of the cost in prompt-token equivalents (``kv.cost: tokens``); ``fav``: the
+                     overlap: np.ndarray, cols: Columns, start: int,
+                     fav: int = -1) -> tuple[int, float]:
+        """Argmin of the cost in prompt-token equivalents (``kv.cost: tokens``); ``cols``: the
+        candidates' (prefill tokens, decode tokens, requests) in flight; ``fav``: the
         session's endpoint (position), credited ``credit_tokens``."""
         r = self.router
         c = r.cfg
-        prefill, decode, queue = load_columns(cands)  # all workers' load when workers > 1
-        guard = c.load_guard
-        if guard > 0:
-            loads = (c.prefill_weight * prefill + c.decode_weight * decode
-                     + c.queue_penalty_tokens * queue)
-            if loads.max() <= c.load_guard_min_tokens:
-                guard = 0.0
+        prefill, decode, queue = cols
         pos, cost = score_pick(overlap, request.prompt_tokens, r.block_size, self.tier_credit,
                                prefill, decode, queue, None, c.prefill_weight, c.decode_weight,
-                               c.queue_penalty_tokens, guard, start, favored=fav,
-                               favored_credit=self.session_credit_tokens if fav >= 0 else 0.0)
+                               c.queue_penalty_tokens, c.load_guard, start, favored=fav,
+                               favored_credit=self.session_credit_tokens if fav >= 0 else 0.0,
+                               guard_min_load=c.load_guard_min_tokens)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "kv_affinity: %d prompt tokens -> %s cost %.0f prompt-token equivalents; "

@@ -194,7 +194,7 @@ class PrefixIndex:
 
 def score_costs(overlap, prompt_tokens, block_size, tier_credit, prefill_tokens,
                 decode_tokens, queue, candidates=None, w_prefill=1.0, w_decode=0.0,
-                w_queue=0.0, guard_factor=0.0):
+                w_queue=0.0, guard_factor=0.0, guard_min_load=0.0):
     """Per-candidate (cost, load) in candidate order."""
     if block_size <= 0:
         raise ValueError(f"block_size is expected to be > 0, got {block_size}")
@@ -210,7 +210,7 @@ def score_costs(overlap, prompt_tokens, block_size, tier_credit, prefill_tokens,
     # the guard: load_i > g x the mean load of the *other* candidates, i.e.
     # load_i > g * (total - load_i) / (k - 1), which is load_i > g * total / (k - 1 + g)
     guard = math.inf
-    if guard_factor > 0 and len(cands) > 1:
+    if guard_factor > 0 and len(cands) > 1 and max(loads) > guard_min_load:
         guard = guard_factor * sum(loads) / (len(cands) - 1 + guard_factor)
     result = []
     for i, load in zip(cands, loads):

@@ -216,6 +216,21 @@ def test_instances_beyond_the_first_word_work():
     ix._check_invariants()
 
 
+def test_a_match_reads_the_words_of_instances_stored_after_it():
+    """The match reads only the mask words up to the highest instance stored so far; an
+    instance in a later word, stored after a match, is seen by the next one."""
+    ix = radix.PrefixIndex(256)
+    q = chain(16, 4)
+    assert ix.match(q).sum() == 0
+    ix.store(1, DEV, 0, q[:2])
+    assert ix.match(q)[1].tolist() == [2, 0, 0]
+    ix.store(250, DEV, 0, q)
+    out = ix.match(q)
+    assert out[1].tolist() == [2, 0, 0] and out[250].tolist() == [4, 0, 0]
+    ix.clear(250)
+    assert ix.match(q)[250].tolist() == [0, 0, 0]
+
+
 def test_memory_returns_to_its_start_after_store_remove_cycles():
     ix = radix.PrefixIndex(64)
     start = (ix.memory_bytes, ix.n_nodes, ix.n_blocks, ix.node_capacity)

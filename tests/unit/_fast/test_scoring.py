@@ -89,6 +89,21 @@ def test_load_guard_acts_with_two_candidates(impl):
                      guard_factor=2.0) == (0, 5400.0)
 
 
+def test_load_guard_waits_for_a_load_above_its_floor(impl):
+    """``guard_min_load``: while no candidate carries more than it, every cached prefix
+    counts (the guard of ``coordinator.kv.load_guard_min_tokens``)."""
+    ov = np.zeros((2, 3), np.int32)
+    ov[0] = [100, 0, 0]                  # the holder saves 1600 of 2000
+    p = np.array([300.0, 0.0])           # all of the (light) load on the holder
+    d = np.zeros(2)
+    q = np.zeros(2)
+    assert impl.pick(ov, 2000, 16, CREDIT, p, d, q, guard_factor=2.0) == (1, 2000.0)
+    assert impl.pick(ov, 2000, 16, CREDIT, p, d, q, guard_factor=2.0,
+                     guard_min_load=300.0) == (0, 700.0)
+    assert impl.pick(ov, 2000, 16, CREDIT, p, d, q, guard_factor=2.0,
+                     guard_min_load=299.0) == (1, 2000.0)
+
+
 def test_ties_break_on_load_then_rotation_from_start(impl):
     ov = np.zeros((4, 3), np.int32)
     ov[1] = [1, 0, 0]                    # saves 16, has load 16: same cost as others
@@ -180,6 +195,9 @@ def test_pick_and_costs_agree_with_the_reference(data, n):
     args = (ov, prompt, bs, credit, p, d, q)
     assert scoring.pick(*args, cands, start=start, **kw) == \
         ref.pick(*args, cands, start=start, **kw)
+    floor = data.draw(st.sampled_from([0.0, 500.0, 3000.0]))
+    assert scoring.pick(*args, cands, start=start, guard_min_load=floor, **kw) == \
+        ref.pick(*args, cands, start=start, guard_min_load=floor, **kw)
     k = n if cands is None else len(cands)
     out = np.zeros(k)
     pos = scoring.costs(*args, out, cands, start=start, **kw)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from motor._fast import scoring
+from motor._fast.columns import gather
 from motor.config.schema import KvRoutingConfig, KvSessionConfig
 from motor.coordinator.kv import KvRouter
 from motor.coordinator.policy import RequestInfo
@@ -160,9 +161,14 @@ def test_a_session_endpoint_that_is_no_candidate_gets_nothing() -> None:
     a, b, c = Ep("a#0"), Ep("b#0"), Ep("c#0")
     p.sessions.routed(b"s", "gone#0")
     p.sessions.routed(b"t", "a#0")
-    assert p._session_position([a, b, c], request_with(p, chat("q"), b"s")) == -1
-    assert p._session_position([b, c], request_with(p, chat("q"), b"t")) == -1
-    assert p._session_position([b, a], request_with(p, chat("q"), b"t")) == 1
+
+    def position(cands: list[Ep], session: bytes) -> int:
+        # the favored position the policy reads (motor._fast.columns.gather)
+        return gather(cands, {}, None, False, p.sessions.last(session))[4]
+
+    assert position([a, b, c], b"s") == -1
+    assert position([b, c], b"t") == -1
+    assert position([b, a], b"t") == 1
     # excluded (a retry): another endpoint
     assert p.pick([a, b], request_with(p, chat("q"), b"t"), exclude={a}) is b
 

@@ -1,0 +1,16 @@
+"""Type stubs for motor._fast.columns (per-candidate columns of a routing decision)."""
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+def gather(
+    cands: list[Any],
+    slot_of: dict[str, int],
+    match_out: npt.NDArray[np.int32] | None,
+    local_loads: bool,
+    favored_key: str | None = None,
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int32], npt.NDArray[np.float64] | None, int,
+           int]:
+    """(slots intp[k], overlap int32[k, 3], loads float64[3, k] or None, missing count,
+    position of ``favored_key`` or -1)."""

@@ -1,0 +1,61 @@
+"""motor._fast.columns.gather: slots, overlap rows, local loads, missing keys, the favored key."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from motor._fast.columns import gather
+
+
+class Ep:
+    def __init__(self, key: str, prefill: int = 0, decode: int = 0, inflight: int = 0) -> None:
+        self.key = key
+        self.inflight_prefill_tokens = prefill
+        self.inflight_decode_tokens = decode
+        self.inflight = inflight
+
+
+def test_rows_follow_the_slots_and_loads_the_counters() -> None:
+    m = np.arange(5 * 3, dtype=np.int32).reshape(5, 3)
+    eps = [Ep("a", 10, 20, 1), Ep("b", 0, 5, 2), Ep("c", 7.5, 0, 0)]   # a float counter too
+    slots, ov, loads, missing, fav = gather(eps, {"a": 4, "b": 0, "c": 2}, m, True)
+    assert slots.tolist() == [4, 0, 2] and slots.dtype == np.intp
+    assert ov.tolist() == [m[4].tolist(), m[0].tolist(), m[2].tolist()]
+    assert ov.dtype == np.int32 and ov.flags.c_contiguous
+    assert loads.tolist() == [[10.0, 0.0, 7.5], [20.0, 5.0, 0.0], [1.0, 2.0, 0.0]]
+    assert (missing, fav) == (0, -1)
+
+
+def test_no_match_no_loads_and_keys_without_a_slot() -> None:
+    eps = [Ep("a"), Ep("new"), Ep("b")]
+    slots, ov, loads, missing, fav = gather(eps, {"a": 1, "b": 3}, None, False, "b")
+    assert slots.tolist() == [1, -1, 3]
+    assert not ov.any() and ov.shape == (3, 3)
+    assert loads is None
+    assert (missing, fav) == (1, 2)
+
+
+def test_the_favored_key_is_found_by_value_first_position() -> None:
+    eps = [Ep("x#0"), Ep("y#0"), Ep("y#0")]
+    key = "".join(["y", "#0"])          # equal, not the same object
+    assert gather(eps, {}, None, False, key)[4] == 1
+    assert gather(eps, {}, None, False, "z#0")[4] == -1
+    assert gather([], {}, None, True, "y#0")[3:] == (0, -1)
+
+
+def test_bad_inputs_are_named() -> None:
+    m = np.zeros((2, 3), np.int32)
+    with pytest.raises(ValueError, match="slot of 'a' is expected to be in 0..1, got 2"):
+        gather([Ep("a")], {"a": 2}, m, False)
+    with pytest.raises(TypeError, match="dtype int32"):
+        gather([Ep("a")], {"a": 0}, m.astype(np.int64), False)
+    with pytest.raises(ValueError, match=r"shape \(n_slots, 3\)"):
+        gather([Ep("a")], {"a": 0}, np.zeros((2, 4), np.int32), False)
+    with pytest.raises(TypeError, match="numpy int32 array"):
+        gather([Ep("a")], {"a": 0}, [[0, 0, 0]], False)
+    with pytest.raises(AttributeError):
+        gather([object()], {}, None, False)
+    bad = Ep("a")
+    bad.inflight = "many"               # type: ignore[assignment]
+    with pytest.raises(TypeError):
+        gather([bad], {"a": 0}, None, True)
