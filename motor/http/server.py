@@ -9,6 +9,14 @@ or as a chunked stream (:meth:`Response.start` / :meth:`Response.write` /
 A handler is ``async def handler(request: Request, response: Response) -> None``.
 When the client goes away, the handler's task is cancelled, so whatever it awaits
 (an upstream request, typically) is torn down at once.
+
+Two implementations of the connection protocol and of :class:`Request` / :class:`Response`
+behave the same: the classes below, the pure-Python reference, and the compiled ones of
+:mod:`motor._fast.http1` (Cython; fewer CPU instructions per request). An
+:class:`HttpServer` uses :data:`PROTOCOL`: the compiled protocol when that extension is
+importable, the Python one when the environment variable ``MOTOR_PURE_HTTP=1`` is set at
+import (or the extension is not built). Handlers get the :class:`Request` / :class:`Response`
+of the implementation in use; :data:`COMPILED` says which.
 """
 from __future__ import annotations
 
@@ -26,6 +34,11 @@ from urllib.parse import parse_qs
 import httptools
 
 from motor.protocol.openai import error_body
+
+try:
+    from motor._fast import http1 as _http1
+except ImportError:  # pragma: no cover - the extension is not built
+    _http1 = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
 
@@ -539,6 +552,19 @@ class HttpProtocol(asyncio.Protocol):
         return self._task is None and not self._queue
 
 
+if _http1 is not None:
+    _http1.bind(_STATUS_LINES, status_line, origin_form, error_body, logger)
+
+#: the connection protocol class of the compiled implementation (None: not built)
+COMPILED_PROTOCOL: type[asyncio.Protocol] | None = \
+    _http1.HttpProtocol if _http1 is not None else None
+#: True when new :class:`HttpServer` objects use the compiled protocol
+COMPILED = COMPILED_PROTOCOL is not None and os.environ.get("MOTOR_PURE_HTTP", "") != "1"
+#: the protocol class new :class:`HttpServer` objects use (``HttpProtocol(server)``)
+PROTOCOL: type[asyncio.Protocol] = COMPILED_PROTOCOL if COMPILED and COMPILED_PROTOCOL \
+    is not None else HttpProtocol
+
+
 class HttpServer:
     """An HTTP/1.1 server around one handler.
 
@@ -565,6 +591,8 @@ class HttpServer:
                                     tuple[int, bytes, Headers] | None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.loop_time = time.monotonic
+        #: ``protocol(server)`` for every accepted connection (:data:`PROTOCOL` at creation)
+        self.protocol: Callable[[HttpServer], asyncio.Protocol] = PROTOCOL
         self.connections: set[HttpProtocol] = set()
         self.inflight = 0
         self.draining = False
@@ -579,10 +607,10 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         hs = self.request_read_timeout_s if tls is not None else None
         if sock is not None:
-            srv = await loop.create_server(lambda: HttpProtocol(self), sock=sock, backlog=backlog,
+            srv = await loop.create_server(lambda: self.protocol(self), sock=sock, backlog=backlog,
                                            ssl=tls, ssl_handshake_timeout=hs)
         else:
-            srv = await loop.create_server(lambda: HttpProtocol(self), host, port,
+            srv = await loop.create_server(lambda: self.protocol(self), host, port,
                                            reuse_address=True, reuse_port=reuse_port or None,
                                            backlog=backlog, ssl=tls, ssl_handshake_timeout=hs)
         self._servers.append(srv)

@@ -4,10 +4,14 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import pytest
 
 from motor.http.client import Pool, UpstreamClosed, UpstreamTimeout
 from motor.http.server import HttpServer, Router
 from tests.support.gateway import run_async
+
+# every test against both protocol implementations (conftest.py: python, compiled)
+pytestmark = pytest.mark.usefixtures("http_impl")
 
 
 async def make_server(max_body: int = 1 << 20):

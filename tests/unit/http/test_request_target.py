@@ -36,12 +36,15 @@ class _Sent:
         self.status, self.headers = status, tuple(headers)
 
 
-def _req(method: bytes, path: str) -> Request:
-    return Request(method, path, "", [], b"", True, None)
+def _req(method: bytes, path: str, cls: type = Request) -> Request:
+    return cls(method, path, "", [], b"", True, None)  # type: ignore[no-any-return]
 
 
-@run_async
-async def test_prefix_routes_only_after_exact_ones():
+def test_prefix_routes_only_after_exact_ones(http_impl):
+    run_async(_prefix_routes)(http_impl.Request)
+
+
+async def _prefix_routes(request_cls: type) -> None:
     r = Router()
     seen: list[str] = []
 
@@ -54,13 +57,13 @@ async def test_prefix_routes_only_after_exact_ones():
     r.get("/v1/models")(exact)
     r.add_prefix("GET", "/v1/models/", one)
     for path in ("/v1/models", "/v1/models/a/b"):
-        await r(_req(b"GET", path), _Sent())  # type: ignore[arg-type]
+        await r(_req(b"GET", path, request_cls), _Sent())  # type: ignore[arg-type]
     assert seen == ["exact", "one:a/b"]
     for method, path, status in ((b"GET", "/v1/models/", 404), (b"POST", "/v1/models/a", 405),
                                  (b"GET", "/v1/modelsx", 404)):
         s = _Sent()
-        await r(_req(method, path), s)  # type: ignore[arg-type]
+        await r(_req(method, path, request_cls), s)  # type: ignore[arg-type]
         assert s.status == status, path
     s = _Sent()
-    await r(_req(b"OPTIONS", "*"), s)  # type: ignore[arg-type]
+    await r(_req(b"OPTIONS", "*", request_cls), s)  # type: ignore[arg-type]
     assert s.status == 200 and dict(s.headers)[b"allow"] == b"GET, HEAD"
