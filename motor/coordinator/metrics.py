@@ -205,6 +205,11 @@ KV_MATCHED_TOKENS = Counter(
     "motor_coordinator_kv_matched_tokens_total",
     "Prompt tokens found cached (any tier) on the instance chosen by kv_affinity; "
     "prefix hit ratio = this / motor_coordinator_kv_prompt_tokens_total.", registry=REGISTRY)
+KV_SESSION_ROUTES = Counter(
+    "motor_coordinator_kv_session_routes_total",
+    "Requests of a named session routed by kv_affinity, by outcome: kept (the endpoint that "
+    "served the session last), moved (another), new (a session this worker does not "
+    "remember).", ["outcome"], registry=REGISTRY)
 KV_EVENTS_APPLIED = Counter(
     "motor_coordinator_kv_events_applied_total",
     "Engine KV events applied to the prefix index, by kind (stored, removed, cleared).",

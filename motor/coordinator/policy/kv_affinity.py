@@ -116,6 +116,9 @@ class KvAffinity(Policy):
                          if ss.enabled and ss.credit_tokens > 0 else None)
         self.session_credit_tokens = float(ss.credit_tokens)
         self.session_user_field = ss.user_field
+        self._session_kept = metrics.KV_SESSION_ROUTES.labels("kept")
+        self._session_moved = metrics.KV_SESSION_ROUTES.labels("moved")
+        self._session_new = metrics.KV_SESSION_ROUTES.labels("new")
 
     def prepare(self, info: RequestInfo, route: str, body: dict[str, Any],
                 off_loop: bool = False) -> Awaitable[None] | None:
@@ -286,4 +289,7 @@ class KvAffinity(Policy):
         its session's endpoint)."""
         self.router.routed(ep, request.model, request.block_hashes)
         if request.session is not None and self.sessions is not None:
+            last = self.sessions.last(request.session)
+            (self._session_new if last is None else
+             self._session_kept if last == ep.key else self._session_moved).inc()
             self.sessions.routed(request.session, ep.key)

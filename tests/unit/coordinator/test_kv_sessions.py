@@ -11,6 +11,7 @@ import pytest
 from motor._fast import scoring
 from motor._fast.columns import gather
 from motor.config.schema import KvRoutingConfig, KvSessionConfig
+from motor.coordinator import metrics
 from motor.coordinator.kv import KvRouter
 from motor.coordinator.policy import RequestInfo
 from motor.coordinator.policy.kv_affinity import KvAffinity
@@ -40,6 +41,12 @@ def request_with(p: KvAffinity, body: dict[str, Any], header: bytes | None) -> R
     info.session = header
     p.prepare(info, "chat", body)
     return info
+
+
+def session_routes(outcome: str) -> float:
+    v = metrics.REGISTRY.get_sample_value("motor_coordinator_kv_session_routes_total",
+                                          {"outcome": outcome})
+    return v or 0.0
 
 
 # -- the table -------------------------------------------------------------------------
@@ -121,6 +128,7 @@ def test_a_session_goes_back_to_its_endpoint_under_equal_load(cost: str) -> None
 @pytest.mark.parametrize("cost", ["tokens", "time"])
 def test_an_overloaded_session_endpoint_is_left(cost: str) -> None:
     p = policy(cost)
+    before = {o: session_routes(o) for o in ("kept", "moved", "new")}
     a, b = Ep("a#0"), Ep("b#0")
     home = send(p, [a, b], chat("q", system="s"), header=b"sess")
     other = b if home is a else a
@@ -133,6 +141,9 @@ def test_an_overloaded_session_endpoint_is_left(cost: str) -> None:
     # and the session now lives where it went
     home.inflight, home.inflight_prefill_tokens = 0, 0
     assert send(p, [a, b], chat("q4", system="s4"), header=b"sess") is other
+    send(p, [a, b], chat("q5", system="s5"))               # no session: not counted
+    assert {o: session_routes(o) - before[o] for o in before} == \
+        {"kept": 2, "moved": 1, "new": 1}
 
 
 @pytest.mark.parametrize("cost", ["tokens", "time"])
