@@ -21,11 +21,11 @@ Run::
     .venv/bin/python bench/bench_pd_routing.py [--seeds 1,2,3]
 
 Prints a markdown table (docs/benchmarks.md, "PD routing: joint choice and conditional
-disaggregation"), with the requests each instance finished. Caveat: ``motor sim``'s decode
-role pulls every block of the prompt from P, also those in its own prefix cache (vLLM's
-NIXL connector loads only the blocks past D's local prefix hit, which the joint cost's
-transfer term prices), so a pair to a decode instance holding the prefix costs more here
-than on vLLM.
+disaggregation"), with the requests each instance finished. ``motor sim``'s decode role
+pulls only the blocks past its own prefix hit, as vLLM's NIXL connector does (what the joint
+cost's transfer term prices). ``--coordinator-log-level debug`` logs every joint decision
+with its terms (the coordinator's log is in the directory printed at the end); it costs
+the coordinator time, more for the pairs (two decisions each) than for local legs.
 """
 from __future__ import annotations
 

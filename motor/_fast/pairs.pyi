@@ -19,6 +19,7 @@ def pick_pair(
     stall_weight: float = 0.0,
     start: int = 0,
     p_uncached: _F64 | None = None,
+    handoff_s: float = 0.0,
 ) -> tuple[int, int, float, float, float]:
     """(prefill index or -1 for the decode instance alone, decode index, cost s,
     best pair s, best local s)."""

@@ -18,7 +18,8 @@ Per prefill instance ``p`` and decode instance ``d`` (rates per instance, column
                  + transfer_s_per_token[p, d] * d_uncached_d   KV not cached on d
                  + step_s_d + decode_s_per_seq_d * running_d   d's first step
                  + prefill_s_per_token_d * d_queued_d          d's queued local prefills
-                 + decode(d)                                                       s
+                 + decode(d)
+                 + handoff_s    what a pair's hand-off costs beyond these (learned)  s
     local(d)   = ttft(d_queued_d + d_uncached_d, running_d, r_d)   prefill on d itself
                  + stall_weight * running_d * prefill_s_per_token_d * d_uncached_d
                                    the stall its prefill imposes on d's running batch
@@ -50,7 +51,8 @@ def pick_pair(const double[::1] p_work, const double[::1] p_running,
               const double[::1] d_uncached, const double[::1] d_running,
               const double[:, ::1] d_rates, const double[:, ::1] transfer_s_per_token,
               double decode_tokens=0.0, double chunk_tokens=8192.0, bint local=False,
-              double stall_weight=0.0, Py_ssize_t start=0, p_uncached=None):
+              double stall_weight=0.0, Py_ssize_t start=0, p_uncached=None,
+              double handoff_s=0.0):
     """The cheapest (prefill, decode) pair, or decode instance alone (module docstring).
 
     Parameters
@@ -84,6 +86,9 @@ def pick_pair(const double[::1] p_work, const double[::1] p_running,
     p_uncached : float64[P] or None
         This request's prompt tokens not cached on each prefill instance, tokens (the stall
         term of P); None = no stall term on P.
+    handoff_s : float
+        Seconds every pair costs beyond its terms (P's answer relayed, D's request for the
+        KV; :class:`motor.coordinator.policy.pairs.PairChooser` learns it), >= 0.
 
     Returns
     -------
@@ -95,8 +100,8 @@ def pick_pair(const double[::1] p_work, const double[::1] p_running,
     Raises
     ------
     ValueError
-        Arrays of mismatched lengths, ``chunk_tokens <= 0``, negative ``decode_tokens`` or
-        ``stall_weight``.
+        Arrays of mismatched lengths, ``chunk_tokens <= 0``, negative ``decode_tokens``,
+        ``stall_weight`` or ``handoff_s``.
     """
     cdef Py_ssize_t P = p_work.shape[0]
     cdef Py_ssize_t D = d_queued.shape[0]
@@ -114,8 +119,8 @@ def pick_pair(const double[::1] p_work, const double[::1] p_running,
                          f"({transfer_s_per_token.shape[0]}, {transfer_s_per_token.shape[1]})")
     if not chunk_tokens > 0.0:
         raise ValueError(f"chunk_tokens is expected > 0, got {chunk_tokens}")
-    if decode_tokens < 0.0 or stall_weight < 0.0:
-        raise ValueError("decode_tokens and stall_weight are expected >= 0")
+    if not (decode_tokens >= 0.0 and stall_weight >= 0.0 and handoff_s >= 0.0):
+        raise ValueError("decode_tokens, stall_weight and handoff_s are expected >= 0")
     cdef const double[::1] p_unc
     cdef bint p_stall = p_uncached is not None and stall_weight > 0.0
     if p_uncached is not None:
@@ -145,7 +150,8 @@ def pick_pair(const double[::1] p_work, const double[::1] p_running,
                 p = start_n // D
                 d = start_n % D
                 for i in range(n):
-                    c = buf[p] + transfer_s_per_token[p, d] * d_uncached[d] + buf[P + d]
+                    c = (buf[p] + transfer_s_per_token[p, d] * d_uncached[d] + buf[P + d]
+                         + handoff_s)
                     if c < best:
                         best = c
                         bp = p

@@ -108,6 +108,8 @@ async def test_joint_choice_serves_a_short_prompt_on_an_idle_decode_instance_alo
             assert st == 200, out
         assert [r for r, _ in seen] == ["decode", "decode"]
         assert all("kv_transfer_params" not in b for _, b in seen)
+        # the streamed local leg's first token fed the hand-off's learning
+        assert gw.coord.path.joint.handoff_observations == (0, 1)
         assert _route(mode, "local", "short_prompt") == before + 2
     finally:
         await stop(gw, sims)
@@ -167,9 +169,10 @@ async def test_prefill_first_chooses_the_decode_instance_again_after_the_prefill
     assert joint is not None
     choose = joint.choose
 
-    def spy(info: Any, ps: Any, ds: Any, local: bool, mode: str = "") -> Any:
-        ch = choose(info, ps, ds, local, mode)
-        if mode:                        # the plan (decode_for passes no mode)
+    def spy(info: Any, ps: Any, ds: Any, local: bool, mode: str = "",
+            reason: Any = None) -> Any:
+        ch = choose(info, ps, ds, local, mode, reason)
+        if "decode leg" not in mode:    # the plan (decode_for names the decode leg)
             plans.append(ch)
         return ch
     joint.choose = spy  # type: ignore[method-assign]

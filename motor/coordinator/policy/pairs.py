@@ -14,6 +14,8 @@ every decode instance alone (:func:`motor._fast.pairs.pick_pair` has the formula
                  + this request's decode on D (max_tokens steps with D's batch)
                  + ``stall_weight`` x the delay those steps impose on D's running
                    sequences (running x decode time per sequence x max_tokens)
+                 + the hand-off: what a pair's decode leg takes beyond these terms
+                   more than a local leg does (learned, below)
     local(D)   = prefill on D itself + the stall it imposes on D's running batch
                  (``stall_weight`` x running x prefill time) + the decode on D (as above)
 
@@ -27,7 +29,14 @@ from its observed prefill legs, whose time is its prefill alone; a planned prefi
 counts only the tokens P computes (not its cached prefix) as P's in-flight prefill, the
 queued work of the next decisions and of that fit. A decode instance stays at
 the priors: its first-token times mix its decode batch with any prefill, and a fit to them
-skewed the decode choice in the benchmark (worse TPOT, docs/benchmarks.md). Ties: the first
+skewed the decode choice in the benchmark (worse TPOT, docs/benchmarks.md). The hand-off
+is learned instead (``kv.ttft.learn`` with local prefill): each decode leg's time from its
+send to its first token minus its prediction (a pair: the transfer + D's first step, plus
+the prefill in the modes that send D first; alone: D's prefill; legs predicted with queued
+prefill work are left out: a queue's pace is the rates' guess), a running mean per kind
+over about ``kv.ttft.halflife_requests`` legs; the pairs' mean minus the local legs' (>= 0)
+is what a pair costs beyond its terms: P's answer relayed and D's request for the KV (both
+kinds share the rest: the HTTP legs, the step D is in when the request arrives). Ties: the first
 pair in rotated order, deterministic. In ``pd_prefill_first`` the decode leg is sent after
 the prefill: :meth:`PairChooser.decode_for` chooses its instance again then, on the decode
 instances' load of that moment (the plan's D saw none of the pairs prefilling meanwhile).
@@ -36,6 +45,8 @@ Every decision is logged at debug level with its terms in ms.
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,6 +69,8 @@ logger = logging.getLogger(__name__)
 CACHED_SHARE = 0.5
 
 SAME_NODE, SAME_RACK, OTHER = 0, 1, 2
+#: the kinds of decode leg :meth:`PairChooser.observe_decode` learns from
+PAIR, LOCAL = 0, 1
 
 
 def closeness(a: EndpointState, b: EndpointState, labels: dict[str, str]) -> int:
@@ -83,7 +96,8 @@ class Choice:
     """One decision: ``p`` (None when ``d`` serves alone), ``d``, ``reason`` (metric label),
     predicted ``cost_s``, and what the prefill leg's learning needs (``p_obs``)."""
 
-    __slots__ = ("p", "d", "reason", "cost_s", "p_uncached", "d_uncached", "p_obs")
+    __slots__ = ("p", "d", "reason", "cost_s", "p_uncached", "d_uncached", "p_obs",
+                 "p_ttft_s", "d_ttft_s", "queued")
 
     def __init__(self, p: EndpointState | None, d: EndpointState, reason: str,
                  cost_s: float) -> None:
@@ -94,6 +108,13 @@ class Choice:
         self.p_uncached = 0
         self.d_uncached = 0
         self.p_obs: tuple[int, tuple[float, float, float]] | None = None
+        #: predicted seconds of the prefill on ``p`` (0 alone) and from the decode leg's
+        #: start to its first token without the hand-off (a pair: the transfer and D's
+        #: first step; alone: D's prefill): what :meth:`PairChooser.watch_decode` compares
+        self.p_ttft_s = 0.0
+        self.d_ttft_s = 0.0
+        #: prefill tokens queued on (P, D) when chosen (0 on P when ``d`` serves alone)
+        self.queued = (0.0, 0.0)
 
     @property
     def local(self) -> bool:
@@ -135,6 +156,48 @@ class PairChooser:
                          tuple[tuple[EndpointState, ...], tuple[EndpointState, ...],
                                npt.NDArray[np.float64]]] = {}
         self._next = 0
+        #: per kind (:data:`PAIR`, :data:`LOCAL`): [mean, observations] of the decode legs'
+        #: observed time to their first token minus its prediction, seconds
+        self._resid: list[list[float]] = [[0.0, 0.0], [0.0, 0.0]]
+        self._resid_window = float(t.halflife_requests)
+
+    @property
+    def handoff_s(self) -> float:
+        """What a pair's hand-off costs beyond its terms, seconds, >= 0: the mean residual
+        of the pairs' decode legs minus that of the local ones, once both were observed
+        (``kv.ttft.learn``); 0 before. Both legs' residuals hold what the terms of either
+        miss (the HTTP legs, the decode step in progress when the request arrives), so the
+        difference is the pair's own (P's answer relayed, D's request for the KV)."""
+        (pm, pn), (lm, ln) = self._resid
+        return max(0.0, pm - lm) if pn and ln else 0.0
+
+    @property
+    def handoff_observations(self) -> tuple[int, int]:
+        """(pair, local) decode legs observed so far."""
+        return int(self._resid[PAIR][1]), int(self._resid[LOCAL][1])
+
+    def observe_decode(self, kind: int, predicted_s: float, observed_s: float) -> None:
+        """One decode leg's first token came ``observed_s`` after it was sent, predicted
+        ``predicted_s``: the running mean of its kind's residual (over the last
+        ``kv.ttft.halflife_requests`` legs or so, an exponentially weighted mean)."""
+        r = self._resid[kind]
+        r[1] += 1
+        r[0] += (observed_s - predicted_s - r[0]) / min(r[1], self._resid_window)
+
+    def watch_decode(self, ch: Choice, with_prefill: bool) -> Callable[[float], None] | None:
+        """The learner of the decode leg of ``ch`` (for its lease: the time from its send
+        to its first token); ``with_prefill``: that time holds the prefill too (the legs
+        of ``pd_decode_first`` / ``pd_bootstrap``). None unless ``kv.ttft.learn`` and local
+        prefill (the hand-off only weighs a pair against a decode instance alone), and for
+        a leg whose prediction holds queued prefill work (on D; on P too ``with_prefill``):
+        how fast a queue drains is the rates' guess, and its errors are not the hand-off."""
+        if not (self.learn and self.local_prefill):
+            return None
+        if ch.queued[1] > 0 or (with_prefill and ch.queued[0] > 0):
+            return None     # queued work drains at a pace the terms guess: not the hand-off's
+        kind = LOCAL if ch.p is None else PAIR
+        pred = ch.d_ttft_s + (ch.p_ttft_s if with_prefill else 0.0)
+        return lambda s: self.observe_decode(kind, pred, s)
 
     def prepare(self, info: RequestInfo, route: str, body: dict[str, Any]) -> None:
         """Fill ``info.block_hashes`` (and the exact prompt size) when no policy did."""
@@ -207,10 +270,12 @@ class PairChooser:
         return got[2]
 
     def choose(self, info: RequestInfo, ps: list[EndpointState], ds: list[EndpointState],
-               local: bool, mode: str = "") -> Choice | None:
+               local: bool, mode: str = "", reason: str | None = None) -> Choice | None:
         """The cheapest pair (or decode instance alone when ``local`` and
         ``pd.joint.local_prefill``) among ``ps`` x ``ds``; None when ``ds`` is empty, or
-        ``ps`` is and no local choice is allowed."""
+        ``ps`` is and no local choice is allowed. ``mode``: what the debug line names the
+        decision by; ``reason``: a pair's reason when given (else ``cost``, or ``local_off``
+        when no local choice is allowed)."""
         if not ds or (not ps and not (local and self.local_prefill)):
             return None
         local = local and self.local_prefill
@@ -227,46 +292,63 @@ class PairChooser:
         start = self._next
         self._next = start + 1
         p_work = np.ascontiguousarray(p_queued + p_unc)
+        handoff = self.handoff_s
         pi, di, cost, pair_s, local_s = pick_pair(
             p_work, np.ascontiguousarray(p_running), np.ascontiguousarray(p_rates),
             np.ascontiguousarray(d_queued), np.ascontiguousarray(d_unc),
             np.ascontiguousarray(d_running), np.ascontiguousarray(d_rates), xfer,
             float(info.max_tokens), self.chunk_tokens, local, self.stall_weight, start,
-            np.ascontiguousarray(p_unc))
+            np.ascontiguousarray(p_unc), handoff)
         if di < 0:
             return None
         d = ds[di]
+        rd = d_rates[di]
         if pi < 0:
             reason = "cached_on_decode" if d_share[di] >= CACHED_SHARE else "short_prompt"
             ch = Choice(None, d, reason, cost)
+            ch.d_ttft_s = self._ttft(float(d_queued[di] + d_unc[di]), float(d_running[di]), rd)
+            ch.queued = (0.0, float(d_queued[di]))
         else:
-            ch = Choice(ps[pi], d, "cost" if local else "local_off", cost)
+            ch = Choice(ps[pi], d, reason or ("cost" if local else "local_off"), cost)
             ch.p_uncached = int(p_unc[pi])
+            ch.p_ttft_s = self._ttft(float(p_work[pi]), float(p_running[pi]), p_rates[pi])
+            ch.d_ttft_s = float(xfer[pi, di] * d_unc[di] + rd[0] + rd[2] * d_running[di]
+                                + rd[1] * d_queued[di])
+            ch.queued = (float(p_queued[pi]), float(d_queued[di]))
             if self.learn:
                 ch.p_obs = (int(p_slots[pi]), self.rates.features(
                     float(p_queued[pi]), float(p_unc[pi]), float(p_running[pi])))
         ch.d_uncached = int(d_unc[di])
         if logger.isEnabledFor(logging.DEBUG):
             self._log(mode, info, ch, ps, ds, p_unc, p_queued, p_running, p_rates, d_unc,
-                      d_queued, d_running, pair_s, local_s)
+                      d_queued, d_running, pair_s, local_s, handoff)
         return ch
 
-    def decode_for(self, info: RequestInfo, p: EndpointState, ds: list[EndpointState]
-                   ) -> EndpointState | None:
-        """The cheapest decode instance for a prefill done (or running) on ``p``; the
-        approximate index learns that it will hold the prompt."""
-        ch = self.choose(info, [p], ds, False)
+    def _ttft(self, work: float, running: float, r: Any) -> float:
+        """:func:`motor._fast.pairs.pick_pair`'s ``ttft`` of one instance, seconds."""
+        steps = max(1.0, math.ceil(work / self.chunk_tokens))
+        return float(steps * (r[0] + r[2] * running) + r[1] * work)
+
+    def decode_for(self, info: RequestInfo, p: EndpointState, ds: list[EndpointState],
+                   mode: str = "", reason: str | None = None) -> Choice | None:
+        """The cheapest pair with a prefill done (or running) on ``p`` (its ``d``: the
+        decode instance); the approximate index learns that ``d`` will hold the prompt.
+        ``mode`` / ``reason``: the debug line's (the plan's reason: the pair was chosen over
+        the local choices then). None when ``ds`` is empty."""
+        ch = self.choose(info, [p], ds, False, mode, reason)
         if ch is None:
             return None
         self.router.routed(ch.d, info.model, info.block_hashes)
-        return ch.d
+        return ch
 
-    def routed(self, ch: Choice, info: RequestInfo) -> None:
+    def routed(self, ch: Choice, info: RequestInfo, decode: bool = True) -> None:
         """The choice was sent: the approximate index learns that the legs' instances
-        hold the prompt (D holds it after the transfer too)."""
+        hold the prompt (D holds it after the transfer too). ``decode`` false: a pair's
+        decode instance is chosen again later (:meth:`decode_for` tells the index then)."""
         if ch.p is not None:
             self.router.routed(ch.p, info.model, info.block_hashes)
-        self.router.routed(ch.d, info.model, info.block_hashes)
+        if decode or ch.p is None:
+            self.router.routed(ch.d, info.model, info.block_hashes)
 
     def watch(self, obs: tuple[int, tuple[float, float, float]] | None) -> TtftWatch | None:
         """The learner of a prefill leg's observed time (its whole answer)."""
@@ -276,8 +358,8 @@ class PairChooser:
 
     def _log(self, mode: str, info: RequestInfo, ch: Choice, ps: list[EndpointState],
              ds: list[EndpointState], p_unc: Any, p_queued: Any, p_running: Any, pr: Any,
-             d_unc: Any, d_queued: Any, d_running: Any, pair_s: float, local_s: float
-             ) -> None:
+             d_unc: Any, d_queued: Any, d_running: Any, pair_s: float, local_s: float,
+             handoff: float = 0.0) -> None:
         terms = [f"P {e.key}: uncached {p_unc[i]:.0f} tokens, queued {p_queued[i]:.0f} "
                  f"tokens, running {p_running[i]:.0f}, rates {1e3 * pr[i, 0]:.2f} ms/step "
                  f"{1e6 * pr[i, 1]:.1f} us/token {1e6 * pr[i, 2]:.0f} us/seq"
@@ -287,7 +369,8 @@ class PairChooser:
         if ch.p is not None:
             xfer = self.transfer_s[closeness(ch.p, ch.d, self.labels)]
             what = (f"pair {ch.p.key} -> {ch.d.key} (transfer {ch.d_uncached} tokens x "
-                    f"{1e6 * xfer:.2f} us = {1e3 * xfer * ch.d_uncached:.2f} ms)")
+                    f"{1e6 * xfer:.2f} us = {1e3 * xfer * ch.d_uncached:.2f} ms, hand-off "
+                    f"{1e3 * handoff:.2f} ms)")
         else:
             what = f"{ch.d.key} alone"
         logger.debug("pd joint choice %s: %d prompt tokens, %d max tokens -> %s, %s; "
@@ -296,5 +379,5 @@ class PairChooser:
                      1e3 * pair_s, 1e3 * local_s, "; ".join(terms))
 
 
-__all__ = ["CACHED_SHARE", "OTHER", "SAME_NODE", "SAME_RACK", "Choice", "PairChooser",
-           "closeness"]
+__all__ = ["CACHED_SHARE", "LOCAL", "OTHER", "PAIR", "SAME_NODE", "SAME_RACK", "Choice",
+           "PairChooser", "closeness"]

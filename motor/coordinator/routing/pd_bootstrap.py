@@ -26,7 +26,7 @@ from motor.coordinator.endpoints import EndpointState, Lease
 from motor.coordinator.metrics import PD_PREFILL, PD_REQUESTS
 from motor.coordinator.routing.base import (engine_error_body, note_status, read_whole,
                                             transport_failed)
-from motor.coordinator.routing.pd_common import Ctx, LegFailed, PdPath
+from motor.coordinator.routing.pd_common import Ctx, LegFailed, PdPath, failed_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -101,19 +101,23 @@ class Bootstrap(PdPath):
         # both legs run at once: the pair is taken with room on both sides (a P slot held
         # while waiting for a D slot held by a request waiting for a P slot never happens)
         plan = await self.plan(ctx)
+        # P's in-flight prefill counts what P computes: the planned pair's uncached tokens,
+        # else what the prefill policy found uncached there (the prompt when unknown)
         if plan is not None and plan.p is not None:
             p_ep: EndpointState | None = plan.p
+            work = plan.p_uncached
             if self.table.gated:
                 ps, _ = await self.room_pair(ctx.model, False)
                 if p_ep not in ps:
                     p_ep = self.pick(Role.PREFILL, ctx, set(), ps)
+                    work = ctx.info.prefill_tokens
         else:
             ps, _ = await self.room_pair(ctx.model, False)
             p_ep = self.pick(Role.PREFILL, ctx, set(), ps)
+            work = ctx.info.prefill_tokens
         if p_ep is None:
             raise LegFailed(503, "no prefill instance is ready")
-        tokens = ctx.info.prompt_tokens
-        lease = p_ep.lease(tokens, tokens, 0)     # before any await: the slot is taken
+        lease = p_ep.lease(ctx.info.prompt_tokens, work, 0)  # before any await: slot taken
         try:
             port = await self.bootstrap_port(p_ep)
         except BaseException:
@@ -182,7 +186,7 @@ class Bootstrap(PdPath):
                     str(status) if status >= 500 else None)
         note_status(ep, status)
         if status >= 400:
-            PD_REQUESTS.labels(self.name, "prefill_failed").inc()
+            PD_REQUESTS.labels(self.name, failed_outcome("prefill", status)).inc()
             raise LegFailed(status, f"prefill instance {ep.instance_id} answered {status}",
                             engine_error_body(status, data))
         PD_PREFILL.labels(self.name).observe(time.perf_counter() - t)

@@ -70,7 +70,7 @@ class Ctx:
 
     __slots__ = ("route", "path", "chat", "resp", "body", "model", "fwd", "rid", "rid_header",
                  "stream", "info", "max_tokens", "t0", "rec", "cont", "avoid", "legs", "wrote",
-                 "obs", "plan", "d_lease")
+                 "obs", "plan", "d_lease", "d_choice")
 
     def __init__(self, route: Route, resp: Response, p: Parsed) -> None:
         self.route = route
@@ -100,6 +100,9 @@ class Ctx:
         self.plan: Choice | None = None
         #: the decode leg's lease while it runs (its prefill ends at the first event)
         self.d_lease: Lease | None = None
+        #: the joint choice of the decode leg when its instance was chosen again
+        #: (:meth:`PdPath._pick_decode`), None otherwise
+        self.d_choice: Choice | None = None
 
     def continued(self, path: bytes, body: dict[str, Any]) -> Ctx:
         """The context of the next leg of a broken stream: a fresh PD request for ``path``
@@ -118,6 +121,7 @@ class Ctx:
         c.cont = None
         c.plan = None
         c.d_lease = None
+        c.d_choice = None
         c.legs = self.legs + 1
         return c
 
@@ -176,6 +180,15 @@ class UsageMerger:
                     pass
             out.append(ev)
         return b"\n\n".join(out)
+
+
+def failed_outcome(leg: str, status: int) -> str:
+    """The ``pd_requests_total`` outcome of a leg that answered ``status`` >= 400 before
+    anything reached the client: ``client_error`` for a 4xx other than 429 (the engine
+    refused the request itself, e.g. a prompt longer than the context: another engine would
+    too; as a broken stream's in-band 4xx, :func:`motor.coordinator.recovery.after_leg`),
+    else ``<leg>_failed``."""
+    return "client_error" if 400 <= status < 500 and status != 429 else f"{leg}_failed"
 
 
 def own_policy(name: PolicyName, cfg: CoordinatorConfig) -> Policy:
@@ -298,15 +311,21 @@ class PdPath(RequestPath):
     def pick(self, role: Role, ctx: Ctx, exclude: set[EndpointState],
              cands: list[EndpointState] | None = None) -> EndpointState | None:
         """The ``role`` leg's endpoint among ``cands`` (default: the routable ones) by that
-        role's policy; None when there is none."""
+        role's policy; None when there is none. For the prefill role ``ctx.info.
+        prefill_tokens`` is then the prompt tokens the chosen instance computes (its uncached
+        part when the policy knows its cache, as ``kv_affinity`` does; else the prompt)."""
         if cands is None:
             cands = self.table.candidates(role, ctx.model)
         if not cands:
             return None
         policy = self.prefill_policy if role is Role.PREFILL else self.decode_policy
         obs = ctx.obs
-        if policy.uses_prefix and role is Role.PREFILL and ctx.info.block_hashes is None:
-            self.prepare(ctx, policy)
+        if role is Role.PREFILL:
+            if policy.uses_prefix and ctx.info.block_hashes is None:
+                self.prepare(ctx, policy)
+            # the whole prompt unless the policy knows P's cached prefix (kv_affinity sets
+            # it; another pick of this request, e.g. D's, may have set it before)
+            ctx.info.prefill_tokens = ctx.info.prompt_tokens
         if obs is None:
             ep = policy.pick(cands, ctx.info, exclude)
         else:
@@ -398,7 +417,7 @@ class PdPath(RequestPath):
                       self.name)
         if ch is None:
             return None
-        j.routed(ch, ctx.info)
+        j.routed(ch, ctx.info, not self.decode_after_prefill)
         PD_ROUTE.labels(self.name, "local" if ch.local else "disaggregated", ch.reason).inc()
         ctx.plan = ch
         return ch
@@ -444,18 +463,21 @@ class PdPath(RequestPath):
             if attempt:
                 await s.pause(attempt)
             plan = ctx.plan
+            tokens = ctx.info.prompt_tokens
+            # P's in-flight prefill counts what P computes: a planned leg's uncached tokens,
+            # else what the prefill policy found uncached there (the prompt when unknown)
+            work = tokens
             if attempt == 0 and ep is None and plan is not None and self.planned(plan.p):
                 ep = plan.p
+                work = plan.p_uncached
             elif ep is None or attempt:
                 ep = self.pick(Role.PREFILL, ctx, exclude,
                                await self.room(Role.PREFILL, ctx.model))
+                work = ctx.info.prefill_tokens
                 plan = None
             if ep is None:
                 break
             exclude.add(ep)
-            tokens = ctx.info.prompt_tokens
-            # a planned leg counts what P computes (its uncached tokens) as in-flight prefill
-            work = plan.p_uncached if plan is not None and plan.p is ep else tokens
             obs = ctx.obs
             span, fwd = (None, None) if obs is None else obs.leg("prefill", ep, ctx.fwd, attempt)
             with ep.lease(tokens, work, 0) as lease:
@@ -494,7 +516,7 @@ class PdPath(RequestPath):
                         obs.event("motor.retry", {"motor.leg": "prefill", "motor.attempt": attempt,
                                                   "motor.endpoint": ep.url, "motor.reason": last})
                     continue
-                PD_REQUESTS.labels(self.name, "prefill_failed").inc()
+                PD_REQUESTS.labels(self.name, failed_outcome("prefill", status)).inc()
                 raise LegFailed(status, f"prefill answered {status}",
                                 engine_error_body(status, data))
             try:
@@ -523,6 +545,7 @@ class PdPath(RequestPath):
                 await s.pause(attempt)
             plan = ctx.plan
             ep: EndpointState | None
+            ctx.d_choice = None
             if attempt == 0 and plan is not None and plan.d not in exclude \
                     and self.planned(plan.d) and (plan.local or not self.decode_after_prefill):
                 ep = plan.d
@@ -537,6 +560,10 @@ class PdPath(RequestPath):
             lease = ep.lease(ctx.max_tokens + ctx.info.prompt_tokens,
                              plan.d_uncached if local and plan is not None else 0,
                              ctx.max_tokens)
+            ch = plan if plan is not None else ctx.d_choice
+            if self.joint is not None and ch is not None and ch.d is ep:
+                # the hand-off's learning: this leg's time to its first token
+                lease.watch(self.joint.watch_decode(ch, not self.decode_after_prefill))
             ctx.d_lease = lease
             obs = ctx.obs
             span, fwd = (None, None) if obs is None else obs.leg(
@@ -574,7 +601,11 @@ class PdPath(RequestPath):
         if j is not None and plan is not None and plan.p is not None and cands:
             left = [e for e in cands if e not in exclude]
             if left:
-                return j.decode_for(ctx.info, plan.p, left)
+                when = "after the prefill" if self.decode_after_prefill else "again"
+                ch = j.decode_for(ctx.info, plan.p, left,
+                                  f"{self.name} (decode leg chosen {when})", plan.reason)
+                ctx.d_choice = ch
+                return ch.d if ch is not None else None
         return self.pick(Role.DECODE, ctx, exclude, cands)
 
     @staticmethod
@@ -717,7 +748,7 @@ class PdPath(RequestPath):
                                  f"{e}") from None
         note_status(ep, status)
         if status >= 400:
-            PD_REQUESTS.labels(self.name, "decode_failed").inc()
+            PD_REQUESTS.labels(self.name, failed_outcome("decode", status)).inc()
             raise LegFailed(status, f"decode answered {status}", engine_error_body(status, data))
         if p_answer is not None and status == 200:
             data = merge_answer(data, p_answer)
@@ -820,4 +851,5 @@ def merge_answer(data: bytes, p_answer: dict[str, Any]) -> bytes:
     return orjson.dumps(obj)
 
 
-__all__ = ["Ctx", "LegFailed", "PdPath", "merge_answer", "merge_usage", "prefill_body"]
+__all__ = ["Ctx", "LegFailed", "PdPath", "failed_outcome", "merge_answer", "merge_usage",
+           "prefill_body"]

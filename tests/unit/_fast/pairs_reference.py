@@ -19,14 +19,14 @@ def _decode(rd: Sequence[float], running: float, decode_tokens: float,
 
 def pair_cost(p_work, p_running, p_rates, d_queued, d_uncached, d_running, d_rates, xfer,
               p: int, d: int, decode_tokens: float, chunk: float,
-              stall_weight: float = 0.0, p_uncached=None) -> float:
+              stall_weight: float = 0.0, p_uncached=None, handoff_s: float = 0.0) -> float:
     rd = d_rates[d]
     pre = _ttft(p_work[p], p_running[p], p_rates[p], chunk)
     if p_uncached is not None and stall_weight > 0.0:
         pre = pre + stall_weight * p_running[p] * p_rates[p][1] * p_uncached[p]
     dec = _decode(rd, d_running[d], decode_tokens, stall_weight)
     first_d = rd[0] + rd[2] * d_running[d] + rd[1] * d_queued[d]
-    return pre + xfer[p][d] * d_uncached[d] + (first_d + dec)
+    return pre + xfer[p][d] * d_uncached[d] + (first_d + dec) + handoff_s
 
 
 def local_cost(d_queued, d_uncached, d_running, d_rates, d: int, decode_tokens: float,
@@ -39,7 +39,7 @@ def local_cost(d_queued, d_uncached, d_running, d_rates, d: int, decode_tokens: 
 
 def pick_pair(p_work, p_running, p_rates, d_queued, d_uncached, d_running, d_rates, xfer,
               decode_tokens=0.0, chunk_tokens=8192.0, local=False, stall_weight=0.0,
-              start=0, p_uncached=None):
+              start=0, p_uncached=None, handoff_s=0.0):
     P, D = len(p_work), len(d_queued)
     best, bp, bd = math.inf, -1, -1
     n = P * D
@@ -47,7 +47,8 @@ def pick_pair(p_work, p_running, p_rates, d_queued, d_uncached, d_running, d_rat
         j = (start % n + i) % n
         p, d = divmod(j, D)
         c = pair_cost(p_work, p_running, p_rates, d_queued, d_uncached, d_running, d_rates,
-                      xfer, p, d, decode_tokens, chunk_tokens, stall_weight, p_uncached)
+                      xfer, p, d, decode_tokens, chunk_tokens, stall_weight, p_uncached,
+                      handoff_s)
         if c < best:
             best, bp, bd = c, p, d
     lbest, ld = math.inf, -1

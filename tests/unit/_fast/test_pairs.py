@@ -85,6 +85,18 @@ def test_a_prefill_on_a_busy_prefill_instance_counts_its_stall():
         pick_pair(*a, p_uncached=np.zeros(3))
 
 
+def test_the_learned_handoff_counts_on_every_pair_and_can_tip_to_local():
+    a = args([64.0], [64.0], d_running=[5.0])
+    p, d, cost, pair_s, local_s = pick_pair(*a, local=True, stall_weight=1.0)
+    assert p == 0 and cost == pair_s < local_s      # the stall outweighs the pair's terms
+    extra = local_s - pair_s + 2.0 ** -10
+    p2, _, cost2, pair2, local2 = pick_pair(*a, local=True, stall_weight=1.0, handoff_s=extra)
+    assert p2 == -1 and cost2 == local2 == local_s
+    assert pair2 == pytest.approx(pair_s + extra, rel=1e-12)
+    with pytest.raises(ValueError):
+        pick_pair(*a, handoff_s=-1.0)
+
+
 def test_ties_rotate_deterministically_with_start():
     a = args([100.0, 100.0], [100.0, 100.0])
     got = [pick_pair(*a, start=s)[:2] for s in range(4)]
@@ -109,8 +121,10 @@ small = st.integers(0, 64).map(float)
 
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 4), st.integers(1, 4), st.data(), st.booleans(),
-       st.sampled_from([0.0, 0.5, 1.0]), st.integers(0, 10), st.integers(0, 256))
-def test_compiled_matches_the_reference(P, D, data, local, stall, start, decode_tokens):
+       st.sampled_from([0.0, 0.5, 1.0]), st.integers(0, 10), st.integers(0, 256),
+       st.sampled_from([0.0, 2.0 ** -9, 2.0 ** -6]))
+def test_compiled_matches_the_reference(P, D, data, local, stall, start, decode_tokens,
+                                        handoff):
     p_work = data.draw(st.lists(floats, min_size=P, max_size=P))
     p_running = data.draw(st.lists(small, min_size=P, max_size=P))
     d_queued = data.draw(st.lists(floats, min_size=D, max_size=D))
@@ -122,9 +136,10 @@ def test_compiled_matches_the_reference(P, D, data, local, stall, start, decode_
     a = args(p_work, d_unc, p_running, d_queued, d_running, xfer if P else np.zeros((0, D)))
     got = pick_pair(*a, decode_tokens=float(decode_tokens), chunk_tokens=2048.0, local=local,
                     stall_weight=stall, start=start,
-                    p_uncached=None if p_unc is None else np.array(p_unc, np.float64))
+                    p_uncached=None if p_unc is None else np.array(p_unc, np.float64),
+                    handoff_s=handoff)
     want = ref.pick_pair(*[x.tolist() for x in a], decode_tokens=float(decode_tokens),
                          chunk_tokens=2048.0, local=local, stall_weight=stall, start=start,
-                         p_uncached=p_unc)
+                         p_uncached=p_unc, handoff_s=handoff)
     assert got[:2] == want[:2]
     assert got[2:] == pytest.approx(want[2:], rel=1e-12)

@@ -8,7 +8,8 @@ from pydantic import ValidationError
 from motor.config.schema import CoordinatorConfig, Role
 from motor.coordinator.endpoints import EndpointState
 from motor.coordinator.policy.base import RequestInfo
-from motor.coordinator.policy.pairs import OTHER, SAME_NODE, SAME_RACK, PairChooser, closeness
+from motor.coordinator.policy.pairs import (OTHER, SAME_NODE, SAME_RACK, Choice, PairChooser,
+                                            closeness)
 
 
 def ep(iid: str, role: Role, host: str = "10.0.0.1", port: int = 8000) -> EndpointState:
@@ -55,6 +56,37 @@ def test_a_short_prompt_goes_local_and_a_busy_decode_batch_sends_it_to_a_pair():
     got = j.choose(RequestInfo("m", 2048, 16), ps, ds, local=True)
     assert got is not None and not got.local and got.reason == "cost"
     assert j.choose(RequestInfo("m", 64, 16), ps, ds, local=False).p is ps[0]
+
+
+def test_the_learned_handoff_tips_a_marginal_prompt_to_the_decode_instance_alone():
+    """A pair whose decode legs come 4 ms later than predicted, more than the local legs
+    do, costs those 4 ms more: a prompt the terms put on a pair by a hair goes local."""
+    ps, ds = [ep("p0", Role.PREFILL)], [ep("d0", Role.DECODE)]
+    for _ in range(3):
+        ds[0].acquire(100, 0, 16)         # 3 sequences decoding on d0
+    j = chooser()
+    info = RequestInfo("m", 64, 16)
+    got = j.choose(info, ps, ds, local=True)
+    assert got is not None and not got.local and j.handoff_s == 0.0
+    assert got.p_ttft_s > 0 and got.d_ttft_s > 0
+    pair_watch = j.watch_decode(got, False)
+    assert pair_watch is not None
+    pair_watch(got.d_ttft_s + 0.005)              # 5 ms after its prediction
+    alone = Choice(None, ds[0], "short_prompt", 0.0)
+    alone.d_ttft_s = 0.010
+    local_watch = j.watch_decode(alone, False)
+    assert local_watch is not None
+    local_watch(0.011)                            # 1 ms after
+    assert j.handoff_observations == (1, 1)
+    assert j.handoff_s == pytest.approx(0.004)
+    got = j.choose(RequestInfo("m", 64, 16), ps, ds, local=True)
+    assert got is not None and got.local
+    assert chooser(local_prefill=False).watch_decode(alone, False) is None
+    alone.queued = (0.0, 512.0)         # queued prefill on D: its pace is not the hand-off
+    assert j.watch_decode(alone, False) is None
+    off = PairChooser(CoordinatorConfig(pd={"joint": {"enabled": True}},
+                                        kv={"ttft": {"learn": False}}))
+    assert off.watch_decode(alone, False) is None
 
 
 def test_bad_topology_labels_are_refused():
