@@ -14,3 +14,11 @@ def gather(
            int]:
     """(slots intp[k], overlap int32[k, 3], loads float64[3, k] or None, missing count,
     position of ``favored_key`` or -1)."""
+
+def uncached(
+    overlap: npt.NDArray[np.int32],
+    prompt_tokens: float,
+    block_size: float,
+    tier_credit: npt.NDArray[np.float64],
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(uncached prompt tokens float64[k], cached share of the prompt float64[k])."""

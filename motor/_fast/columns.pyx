@@ -129,3 +129,74 @@ def gather(list cands, dict slot_of, object match_out, bint local_loads,
             ld[k + j] = _number(e.inflight_decode_tokens)
             ld[2 * k + j] = _number(e.inflight)
     return slots, overlap, loads, missing, favored
+
+
+def uncached(object overlap, double prompt_tokens, double block_size, object tier_credit):
+    """Prompt tokens each candidate would compute, and the share of the prompt it holds.
+
+    Per row ``j`` of ``overlap`` (leading cached blocks per tier, :func:`gather`'s)::
+
+        saved_j    = block_size * sum_t tier_credit[t] * overlap[j, t]        tokens
+        uncached_j = max(prompt_tokens - saved_j, 0)                          tokens
+        share_j    = min(block_size * sum_t overlap[j, t], prompt_tokens)
+                     / max(prompt_tokens, 1)                                  0..1
+
+    Parameters
+    ----------
+    overlap : numpy.ndarray of int32, shape (k, 3), C-contiguous
+    prompt_tokens, block_size : float
+        Tokens (>= 0), tokens per block (> 0).
+    tier_credit : numpy.ndarray of float64, shape (3,), C-contiguous
+        Share of a cached block's prefill saved per tier (device, host, disk).
+
+    Returns
+    -------
+    (uncached, share) : numpy.ndarray of float64, shape (k,) each
+
+    Raises
+    ------
+    TypeError
+        Wrong array type or dtype.
+    ValueError
+        Wrong shapes or layout, ``block_size <= 0`` or ``prompt_tokens < 0``.
+    """
+    cdef cnp.ndarray ov, cr
+    cdef Py_ssize_t k, j
+    cdef const int32_t *o
+    cdef const double *c
+    cdef double saved, left, held, denom
+    if not block_size > 0.0:
+        raise ValueError(f"block_size is expected to be > 0, got {block_size}")
+    if not prompt_tokens >= 0.0:
+        raise ValueError(f"prompt_tokens is expected to be >= 0, got {prompt_tokens}")
+    if not isinstance(overlap, cnp.ndarray) or not isinstance(tier_credit, cnp.ndarray):
+        raise TypeError("overlap and tier_credit are expected to be numpy arrays, got "
+                        f"{type(overlap).__name__} and {type(tier_credit).__name__}")
+    ov = <cnp.ndarray>overlap
+    cr = <cnp.ndarray>tier_credit
+    if cnp.PyArray_TYPE(ov) != cnp.NPY_INT32 or cnp.PyArray_TYPE(cr) != cnp.NPY_FLOAT64:
+        raise TypeError(f"overlap is expected to be int32 and tier_credit float64, got "
+                        f"{overlap.dtype} and {tier_credit.dtype}")
+    if (cnp.PyArray_NDIM(ov) != 2 or cnp.PyArray_DIM(ov, 1) != 3
+            or not cnp.PyArray_IS_C_CONTIGUOUS(ov)):
+        raise ValueError(f"overlap is expected to be C-contiguous of shape (k, 3), "
+                         f"got shape {overlap.shape}")
+    if (cnp.PyArray_NDIM(cr) != 1 or cnp.PyArray_DIM(cr, 0) != 3
+            or not cnp.PyArray_IS_C_CONTIGUOUS(cr)):
+        raise ValueError(f"tier_credit is expected to be C-contiguous of shape (3,), "
+                         f"got shape {tier_credit.shape}")
+    k = cnp.PyArray_DIM(ov, 0)
+    o = <const int32_t *>cnp.PyArray_DATA(ov)
+    c = <const double *>cnp.PyArray_DATA(cr)
+    unc = _np_empty(k, _np_float64)
+    share = _np_empty(k, _np_float64)
+    cdef double *u = <double *>cnp.PyArray_DATA(<cnp.ndarray>unc)
+    cdef double *s = <double *>cnp.PyArray_DATA(<cnp.ndarray>share)
+    denom = prompt_tokens if prompt_tokens > 1.0 else 1.0
+    for j in range(k):
+        saved = block_size * (c[0] * o[3 * j] + c[1] * o[3 * j + 1] + c[2] * o[3 * j + 2])
+        left = prompt_tokens - saved
+        u[j] = left if left > 0.0 else 0.0
+        held = block_size * (<double>o[3 * j] + o[3 * j + 1] + o[3 * j + 2])
+        s[j] = (held if held < prompt_tokens else prompt_tokens) / denom
+    return unc, share

@@ -309,6 +309,10 @@ class EndpointLoad(Protocol):
     def shared(self) -> LoadCell | None: ...
 
 
+#: per candidate: (prefill tokens, decode tokens, requests) in flight, float64[k] each
+Columns = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]
+
+
 def load_columns(cands: Sequence[EndpointLoad]
                  ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64],
                             npt.NDArray[np.float64]]:
@@ -329,6 +333,7 @@ def load_columns(cands: Sequence[EndpointLoad]
 
 
 __all__ = [
+    "Columns",
     "DECODE",
     "INFLIGHT",
     "KV_USAGE",

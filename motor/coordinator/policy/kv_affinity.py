@@ -71,16 +71,13 @@ from motor._fast.scoring import pick_ttft
 from motor.config.schema import KvCost
 from motor.coordinator import metrics
 from motor.coordinator.kv.router import MAX_INSTANCES, KvRouter
-from motor.coordinator.loadtable import load_columns
+from motor.coordinator.loadtable import Columns, load_columns
 from motor.coordinator.policy.base import Policy, RequestInfo
 from motor.coordinator.policy.sessions import SessionTable, session_of, session_start
 from motor.coordinator.policy.ttft import RateModel, TtftWatch, engine_columns
 
 if TYPE_CHECKING:
     from motor.coordinator.endpoints import EndpointState
-
-#: per candidate: (prefill tokens, decode tokens, requests) in flight, float64[k] each
-Columns = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 logger = logging.getLogger(__name__)
 

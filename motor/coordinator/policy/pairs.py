@@ -55,7 +55,8 @@ import numpy.typing as npt
 from motor._fast.pairs import pick_pair
 from motor.config.schema import CoordinatorConfig
 from motor.coordinator.kv.router import MAX_INSTANCES, KvRouter
-from motor.coordinator.loadtable import load_columns
+from motor._fast.columns import gather, uncached
+from motor.coordinator.loadtable import Columns, load_columns
 from motor.coordinator.policy.base import RequestInfo
 from motor.coordinator.policy.ttft import RateModel, TtftWatch
 
@@ -152,9 +153,8 @@ class PairChooser:
         #: endpoint key -> (node id, rack id) (:meth:`_place`), and the ids given out
         self._places: dict[Any, tuple[int, int]] = {}
         self._ids: dict[tuple[str, Any], int] = {}
-        self._xfer: dict[tuple[tuple[int, ...], tuple[int, ...]],
-                         tuple[tuple[EndpointState, ...], tuple[EndpointState, ...],
-                               npt.NDArray[np.float64]]] = {}
+        self._xfer: dict[tuple[tuple[EndpointState, ...], tuple[EndpointState, ...]],
+                         npt.NDArray[np.float64]] = {}
         self._next = 0
         #: per kind (:data:`PAIR`, :data:`LOCAL`): [mean, observations] of the decode legs'
         #: observed time to their first token minus its prediction, seconds
@@ -209,20 +209,25 @@ class PairChooser:
 
     def _uncached(self, cands: list[EndpointState], info: RequestInfo
                   ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp],
-                             npt.NDArray[np.float64]]:
-        """(uncached tokens, rate slots, cached share) per candidate."""
+                             npt.NDArray[np.float64], Columns]:
+        """(uncached tokens, rate slots, cached share, (prefill tokens, decode tokens,
+        requests) in flight) per candidate: one prefix match, one compiled gather."""
         r = self.router
         k = len(cands)
-        slots = np.fromiter((r.slot(e.key) for e in cands), np.intp, k)
-        prompt = float(info.prompt_tokens)
         h = info.block_hashes
-        if h is None or not len(h):
-            return np.full(k, prompt), slots, np.zeros(k)
-        ov = r.match(h, info.model)[slots].astype(np.float64)
-        saved = r.block_size * (ov @ self.credit)
-        unc = np.maximum(prompt - saved, 0.0)
-        share = np.minimum(r.block_size * ov.sum(axis=1), prompt) / max(prompt, 1.0)
-        return unc, slots, share
+        m = r.match(h, info.model) if h is not None and len(h) else None
+        local = getattr(cands[0], "shared", None) is None
+        slots, ov, loads, missing, _ = gather(cands, r.slot_map, m, local)
+        if missing:                 # an endpoint new to KV routing: give it a slot
+            for e in cands:
+                r.slot(e.key)
+            slots, ov, loads, missing, _ = gather(cands, r.slot_map, m, local)
+        cols = (loads[0], loads[1], loads[2]) if loads is not None else load_columns(cands)
+        prompt = float(info.prompt_tokens)
+        if m is None:
+            return np.full(k, prompt), slots, np.zeros(k), cols
+        unc, share = uncached(ov, prompt, r.block_size, self.credit)
+        return unc, slots, share, cols
 
     def _place(self, e: EndpointState) -> tuple[int, int]:
         """(node id, rack id) of ``e`` for :meth:`transfer_matrix`, as :func:`closeness`
@@ -259,15 +264,15 @@ class PairChooser:
 
     def _transfer(self, ps: list[EndpointState], ds: list[EndpointState]
                   ) -> npt.NDArray[np.float64]:
-        """:meth:`transfer_matrix`, remembered per (prefill, decode) candidate lists (by
-        identity; the entry holds the endpoints, so an id is not reused while it lives)."""
-        key = (tuple(map(id, ps)), tuple(map(id, ds)))
+        """:meth:`transfer_matrix`, remembered per (prefill, decode) candidate lists (the
+        endpoints hash and compare by identity: the key is the lists' objects)."""
+        key = (tuple(ps), tuple(ds))
         got = self._xfer.get(key)
         if got is None:
             if len(self._xfer) >= 64:
                 self._xfer.clear()
-            got = self._xfer[key] = (tuple(ps), tuple(ds), self.transfer_matrix(ps, ds))
-        return got[2]
+            got = self._xfer[key] = self.transfer_matrix(ps, ds)
+        return got
 
     def choose(self, info: RequestInfo, ps: list[EndpointState], ds: list[EndpointState],
                local: bool, mode: str = "", reason: str | None = None) -> Choice | None:
@@ -280,8 +285,7 @@ class PairChooser:
             return None
         local = local and self.local_prefill
         n_p = len(ps)
-        unc, slots, share = self._uncached(ps + ds, info)   # one match for both roles
-        queued, _, running = load_columns(ps + ds)
+        unc, slots, share, (queued, _, running) = self._uncached(ps + ds, info)  # both roles
         rates = self.rates.rates(slots)
         p_unc, d_unc, d_share = unc[:n_p], unc[n_p:], share[n_p:]
         p_queued, d_queued = queued[:n_p], queued[n_p:]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from motor._fast.columns import gather
+from motor._fast.columns import gather, uncached
 
 
 class Ep:
@@ -59,3 +59,29 @@ def test_bad_inputs_are_named() -> None:
     bad.inflight = "many"               # type: ignore[assignment]
     with pytest.raises(TypeError):
         gather([bad], {"a": 0}, None, True)
+
+
+def test_uncached_tokens_and_cached_share_per_row() -> None:
+    ov = np.array([[10, 0, 0], [0, 4, 4], [0, 0, 0], [100, 0, 0]], np.int32)
+    credit = np.array([1.0, 0.5, 0.25])
+    unc, share = uncached(ov, 320.0, 16.0, credit)
+    # saved: 160, 16 * (2 + 1) = 48, 0, 1600 (more than the prompt)
+    assert unc.tolist() == [160.0, 272.0, 320.0, 0.0]
+    assert share.tolist() == [0.5, 0.4, 0.0, 1.0]
+    assert uncached(ov[:0], 320.0, 16.0, credit)[0].shape == (0,)
+    assert uncached(ov[2:3], 0.0, 16.0, credit)[1].tolist() == [0.0]   # an empty prompt
+
+
+def test_uncached_names_bad_inputs() -> None:
+    ov = np.zeros((2, 3), np.int32)
+    credit = np.ones(3)
+    with pytest.raises(ValueError, match="block_size"):
+        uncached(ov, 10.0, 0.0, credit)
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        uncached(ov, -1.0, 16.0, credit)
+    with pytest.raises(TypeError, match="int32"):
+        uncached(ov.astype(np.int64), 10.0, 16.0, credit)
+    with pytest.raises(ValueError, match=r"\(3,\)"):
+        uncached(ov, 10.0, 16.0, np.ones(2))
+    with pytest.raises(TypeError, match="numpy arrays"):
+        uncached(ov, 10.0, 16.0, [1.0, 1.0, 1.0])
