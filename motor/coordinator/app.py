@@ -101,8 +101,11 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
         prefix, load_name, _ = shm
         load = LoadTable.attach(load_name)
         w_ring, h_ring = ring_names(prefix, worker_index)
+        sessions = getattr(policy, "sessions", None)   # kv_affinity's session table
         link = WorkerLink(worker_index, load, Ring.attach(w_ring), Ring.attach(h_ring), table,
-                          kv_router, static=bool(backends))
+                          kv_router, static=bool(backends), sessions=sessions)
+        if sessions is not None:
+            policy.on_session = link.session_routed  # type: ignore[attr-defined]
         if source is None:
             coord.ready_source = link.synced
         tasks.append(asyncio.ensure_future(link.run()))

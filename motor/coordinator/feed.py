@@ -63,6 +63,7 @@ from motor.coordinator.rings import (
     HINT,
     KV,
     OP_CLEAR,
+    SESSION,
     OP_HEADER_BYTES,
     OP_REMOVE,
     OP_STORE,
@@ -384,8 +385,8 @@ class Feed:
                     if t == HELLO:
                         logger.info("worker %d asks for a snapshot", i)
                         self.snapshot(i, decode_nonce(p))
-                    elif t == HINT:
-                        self.broadcast(HINT, p, skip=i)
+                    elif t == HINT or t == SESSION:
+                        self.broadcast(t, p, skip=i)
                     elif t == RECORD_OVERFLOW:
                         logger.warning("worker %d: hints dropped (its ring to the feed was "
                                        "full)", i)

@@ -24,12 +24,14 @@ Feed -> worker records:
 * ``HINT`` (binary, :func:`encode_hint`): an approximate-mode insertion made by another
   worker, ``<slot u16, group length u16>`` + group (utf-8, empty: no group) + uint64
   hashes.
+* ``SESSION`` (binary, :func:`encode_session`): another worker routed a named session's
+  request to the endpoint of feed slot ``<slot u16>``; the session's name (bytes) follows.
 * ``SNAP_BEGIN`` / ``SNAP_END`` (``<nonce u64>``, :func:`encode_nonce`): a snapshot
   follows / is complete: the worker clears its exact index, applies the ``TABLE`` and
   ``KV`` records in between, and is synced (ready to accept requests) at the end.
 
 Worker -> feed records: ``HELLO <nonce u64>`` (I started, or I lost records: send me a
-snapshot) and ``HINT`` (forwarded to every other worker).
+snapshot), ``HINT`` and ``SESSION`` (forwarded to every other worker).
 
 A worker that sees a ring overflow record (``RECORD_OVERFLOW``, never produced by the
 feed, kept as a safety net) asks for a snapshot.
@@ -53,6 +55,7 @@ from motor.protocol.instances import InstanceTable
 if TYPE_CHECKING:
     from motor.coordinator.endpoints import EndpointState, EndpointTable
     from motor.coordinator.kv.router import KvRouter
+    from motor.coordinator.policy.sessions import SessionTable
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +66,13 @@ HINT = RECORD_USER + 2
 SNAP_BEGIN = RECORD_USER + 3
 SNAP_END = RECORD_USER + 4
 HELLO = RECORD_USER + 5
+SESSION = RECORD_USER + 6
 
 #: ``KV`` record operations
 OP_STORE, OP_REMOVE, OP_CLEAR = 1, 2, 3
 _OP = struct.Struct("<BBHIQ")
 _HINT = struct.Struct("<HH")
+_SESSION = struct.Struct("<H")
 _NONCE = struct.Struct("<Q")
 #: bytes of an op's header (its hashes follow, 8 bytes each)
 OP_HEADER_BYTES = _OP.size
@@ -143,11 +148,32 @@ def decode_hint(payload: bytes) -> tuple[int, str | None, npt.NDArray[np.uint64]
     return slot, group, np.frombuffer(payload, np.uint64, offset=_HINT.size + glen)
 
 
+def encode_session(slot: int, session: bytes | str) -> bytes:
+    """A ``SESSION`` payload: ``session`` (a header's bytes or the body's ``user``, UTF-8)
+    was routed to the endpoint of feed slot ``slot``."""
+    name = session.encode("utf-8", "surrogatepass") if isinstance(session, str) else session
+    return _SESSION.pack(slot) + name
+
+
+def decode_session(payload: bytes) -> tuple[int, bytes]:
+    """(feed slot, session name) of a ``SESSION`` payload.
+
+    Raises
+    ------
+    struct.error
+        for a payload shorter than its slot.
+    """
+    (slot,) = _SESSION.unpack_from(payload)
+    return slot, payload[_SESSION.size:]
+
+
 class WorkerLink:
     """A worker's end of its two rings: applies the feed's records to the worker's
     :class:`~motor.coordinator.endpoints.EndpointTable`, its KV router (if any) and its
     load-table cells; sends routing hints (it installs itself as the router's
-    :attr:`~motor.coordinator.kv.router.KvRouter.on_routed`).
+    :attr:`~motor.coordinator.kv.router.KvRouter.on_routed`) and, given the policy's
+    ``sessions`` table, where this worker routed each named session (``kv_affinity``'s
+    ``on_session``), and records the other workers' sessions in that table.
 
     ``synced`` is set once a snapshot for this worker's latest ``HELLO`` is applied
     (the worker listens only then).
@@ -155,7 +181,7 @@ class WorkerLink:
 
     def __init__(self, worker: int, load: LoadTable, ring: Ring, back: Ring,
                  table: EndpointTable, router: KvRouter | None = None,
-                 static: bool = False) -> None:
+                 static: bool = False, sessions: SessionTable | None = None) -> None:
         self.worker = worker
         self.load = load
         self.ring = ring
@@ -172,6 +198,7 @@ class WorkerLink:
         self.records = 0
         self.snapshots = 0
         self.hints_dropped = 0
+        self.sessions = sessions
         if router is not None:
             router.on_routed = self.routed
 
@@ -184,6 +211,16 @@ class WorkerLink:
         if cell is None:
             return
         if not self.back.try_push(HINT, encode_hint(cell.slot, group, hashes)):
+            self.hints_dropped += 1
+
+    def session_routed(self, session: bytes | str, ep: EndpointState) -> None:
+        """This worker routed ``session``'s request to ``ep`` (the policy's ``on_session``):
+        goes to the feed, which forwards it to the other workers (dropped, and counted in
+        ``hints_dropped``, when the ring to the feed is full)."""
+        cell = ep.shared
+        if cell is None:
+            return
+        if not self.back.try_push(SESSION, encode_session(cell.slot, session)):
             self.hints_dropped += 1
 
     def hello(self) -> None:
@@ -218,6 +255,8 @@ class WorkerLink:
             self._kv(p)
         elif t == HINT:
             self._hint(p)
+        elif t == SESSION:
+            self._session(p)
         elif t == SNAP_END:
             self._in_snapshot = False
             self.snapshots += 1
@@ -296,6 +335,14 @@ class WorkerLink:
             return
         r.note_sent(s, group, hashes)
 
+    def _session(self, p: bytes) -> None:
+        if self.sessions is None:
+            return
+        fslot, name = decode_session(p)
+        key = self.key_of_slot.get(fslot)
+        if key is not None and key in self.table.endpoints:
+            self.sessions.routed(name, key)
+
     async def run(self) -> None:
         self.hello()
         idle = 0
@@ -317,6 +364,7 @@ __all__ = [
     "OP_HEADER_BYTES",
     "OP_REMOVE",
     "OP_STORE",
+    "SESSION",
     "SNAP_BEGIN",
     "SNAP_END",
     "TABLE",
@@ -324,8 +372,10 @@ __all__ = [
     "decode_hint",
     "decode_nonce",
     "decode_ops",
+    "decode_session",
     "encode_hint",
     "encode_nonce",
     "encode_op",
+    "encode_session",
     "ring_names",
 ]

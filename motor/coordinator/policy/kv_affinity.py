@@ -113,6 +113,9 @@ class KvAffinity(Policy):
                          if ss.enabled and ss.credit_tokens > 0 else None)
         self.session_credit_tokens = float(ss.credit_tokens)
         self.session_user_field = ss.user_field
+        #: ``on_session(session, ep)`` after each named session's routing: a multi-worker
+        #: coordinator's :class:`~motor.coordinator.rings.WorkerLink` tells the other workers
+        self.on_session: Callable[[bytes | str, EndpointState], None] | None = None
         self._session_kept = metrics.KV_SESSION_ROUTES.labels("kept")
         self._session_moved = metrics.KV_SESSION_ROUTES.labels("moved")
         self._session_new = metrics.KV_SESSION_ROUTES.labels("new")
@@ -290,3 +293,5 @@ class KvAffinity(Policy):
             (self._session_new if last is None else
              self._session_kept if last == ep.key else self._session_moved).inc()
             self.sessions.routed(request.session, ep.key)
+            if self.on_session is not None:
+                self.on_session(request.session, ep)

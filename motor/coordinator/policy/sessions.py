@@ -9,17 +9,14 @@ first, so memory is bounded (about 100 bytes a session: an int key and a referen
 endpoint's key string). Sessions are keyed by a hash of their name (a collision costs one
 request a soft credit on the wrong endpoint, nothing more).
 
-Plain state of one worker process: with ``coordinator.workers`` > 1 each worker remembers
-the sessions it routed (a client's keep-alive connection stays on one worker, so its
-session's requests usually do too); a session's request reaching another worker is
-routed there without the credit, and from then on that worker remembers it as well. What
-keeps the workers' choices together: the KV index (with KV events every worker sees where
-the session's prefix is cached) and, among candidates of equal cost, a rotation start
-taken from a stable hash of the session's name (:func:`session_start`), so a new session
-goes to the same endpoint whichever worker routes it. Where the costs differ between the
-workers' first requests of a session (one request's load still counted when the next one
-arrives, per-worker learned rates), two workers may settle it on two endpoints, each
-crediting its own; sharing the table between workers would need a shared-memory segment.
+Each worker process has its table. With ``coordinator.workers`` > 1 a worker tells the
+others where it routed a named session (a ``SESSION`` record through the feed,
+:mod:`motor.coordinator.rings`), and each records it in its own table: a session's next
+request finds its endpoint whichever worker it reaches, once the record has arrived
+(about a millisecond; a record lost to a full ring leaves that worker's entry as it was).
+Among candidates of equal cost a new session starts its rotation from a stable hash of
+its name (:func:`session_start`), so a new session goes to the same endpoint whichever
+worker routes it.
 """
 from __future__ import annotations
 

@@ -284,3 +284,44 @@ def test_engine_models_reach_the_workers_in_controller_mode():
             load.close()
             load.unlink()
     asyncio.run(main())
+
+
+def test_session_records_reach_the_other_workers():
+    """A named session routed by one worker is recorded in the other workers' session
+    tables (kv_affinity's on_session -> SESSION record -> the feed -> the other rings)."""
+    from motor.coordinator.policy.kv_affinity import KvAffinity
+    from motor.coordinator.policy.sessions import SessionTable
+    from motor.coordinator.rings import decode_session, encode_session
+
+    assert decode_session(encode_session(7, "bob")) == (7, b"bob")
+    assert decode_session(encode_session(300, b"\xffraw")) == (300, b"\xffraw")
+
+    async def main() -> None:
+        rig = Rig()
+        tables = [SessionTable(16), SessionTable(16)]
+        for link, t in zip(rig.links, tables):
+            link.sessions = t
+        try:
+            await rig.start()
+            policy = KvAffinity(rig.routers[0])
+            policy.sessions = tables[0]
+            policy.on_session = rig.links[0].session_routed
+            ep = rig.tables[0].endpoints["backend-1#0"]
+            info = policy_request(policy, b"conv-1")
+            policy.routed(ep, info)
+            assert tables[0].last(b"conv-1") == "backend-1#0"
+            await until(lambda: tables[1].last(b"conv-1") == "backend-1#0")
+            # the name as the body's user (str) is the same session as the header's bytes
+            policy.routed(rig.tables[0].endpoints["backend-0#0"], policy_request(policy, "conv-1"))
+            await until(lambda: tables[1].last(b"conv-1") == "backend-0#0")
+            assert rig.links[0].hints_dropped == 0
+        finally:
+            await rig.close()
+    asyncio.run(main())
+
+
+def policy_request(policy, session):
+    from motor.coordinator.policy import RequestInfo
+    info = RequestInfo("m", 1, 8)
+    info.session = session
+    return info
