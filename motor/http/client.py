@@ -7,16 +7,32 @@ an :class:`UpstreamResponse` as soon as the status line and headers arrived; its
 body is read chunk by chunk as the engine sends it (never buffered whole), with
 an idle timeout between chunks. Closing a response before its end closes the
 connection, which aborts the request in the engine.
+
+Two implementations of :class:`Pool` (with its connection protocol and
+:class:`UpstreamResponse`) behave the same: the classes below, the pure-Python reference,
+and the compiled ones of :mod:`motor._fast.upstream` (Cython; fewer CPU instructions per
+request). A :class:`Client` makes its pools with :data:`POOL`: the compiled class when
+that extension is importable, the Python one when the environment variable
+``MOTOR_PURE_HTTP=1`` is set at import (or the extension is not built); :data:`COMPILED`
+says which. ``Pool(...)`` called directly is always the reference. Both raise the
+exceptions defined here (:class:`UpstreamTimeout`, :class:`UpstreamClosed`).
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
+from typing import cast
 
 import httptools
+
+try:
+    from motor._fast import upstream as _upstream
+except ImportError:  # pragma: no cover - the extension is not built
+    _upstream = None  # type: ignore[assignment]
 
 Headers = Iterable[tuple[bytes, bytes]]
 
@@ -448,6 +464,18 @@ class Pool:
         self._waiters.clear()
 
 
+if _upstream is not None:
+    _upstream.bind(UpstreamTimeout, UpstreamClosed)
+
+#: the pool class of the compiled implementation (None: not built)
+COMPILED_POOL: type[Pool] | None = \
+    cast("type[Pool]", _upstream.Pool) if _upstream is not None else None
+#: True when new :class:`Client` objects make compiled pools
+COMPILED = COMPILED_POOL is not None and os.environ.get("MOTOR_PURE_HTTP", "") != "1"
+#: the pool class new :class:`Client` objects use (``Pool(host, port, ...)``)
+POOL: type[Pool] = COMPILED_POOL if COMPILED and COMPILED_POOL is not None else Pool
+
+
 class Client:
     """Pools by (host, port), created on first use. ``tls``: the client context of the
     endpoints marked HTTPS with :meth:`use_tls` (the others stay plain HTTP);
@@ -463,6 +491,8 @@ class Client:
         self.pool_wait_s = pool_wait_s
         self.max_idle = max_idle_per_endpoint
         self._tls_endpoints: set[tuple[str, int]] = set()
+        #: ``pool(host, port, ...)`` for every endpoint (:data:`POOL` at creation)
+        self.pool_class: type[Pool] = POOL
 
     def use_tls(self, host: str, port: int, on: bool = True) -> None:
         """Speak HTTPS to ``host:port`` (``on=False``: plain HTTP again). Call it before the
@@ -493,9 +523,10 @@ class Client:
         key = (host, port)
         p = self._pools.get(key)
         if p is None:
-            p = self._pools[key] = Pool(host, port, self.max_connections, self.connect_timeout_s,
-                                        self.tls if key in self._tls_endpoints else None,
-                                        self.pool_wait_s, self.max_idle)
+            p = self._pools[key] = self.pool_class(
+                host, port, self.max_connections, self.connect_timeout_s,
+                self.tls if key in self._tls_endpoints else None, self.pool_wait_s,
+                self.max_idle)
         return p
 
     def discard(self, host: str, port: int) -> None:

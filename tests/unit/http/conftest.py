@@ -23,3 +23,23 @@ def http_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
                                HttpProtocol=http1.HttpProtocol)
     monkeypatch.setattr(server, "PROTOCOL", impl.HttpProtocol)
     return impl
+
+
+@pytest.fixture(params=["python", "compiled"])
+def upstream_impl(request: pytest.FixtureRequest,
+                  monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """``name``, ``Pool``, ``UpstreamResponse``, ``Conn`` of one implementation of
+    motor.http.client's pooled client; every ``Client`` made during the test uses it
+    (``client.POOL``)."""
+    from motor.http import client
+    if request.param == "python":
+        impl = SimpleNamespace(name="python", Pool=client.Pool,
+                               UpstreamResponse=client.UpstreamResponse, Conn=client._Conn)
+    else:
+        if client.COMPILED_POOL is None:
+            pytest.fail("motor._fast.upstream is not built (pip install -e .)")
+        from motor._fast import upstream
+        impl = SimpleNamespace(name="compiled", Pool=upstream.Pool,
+                               UpstreamResponse=upstream.UpstreamResponse, Conn=upstream.Conn)
+    monkeypatch.setattr(client, "POOL", impl.Pool)
+    return impl

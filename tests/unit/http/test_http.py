@@ -6,11 +6,12 @@ import asyncio
 import orjson
 import pytest
 
-from motor.http.client import Pool, UpstreamClosed, UpstreamTimeout
+from motor.http.client import UpstreamClosed, UpstreamTimeout
 from motor.http.server import HttpServer, Router
 from tests.support.gateway import run_async
 
-# every test against both protocol implementations (conftest.py: python, compiled)
+# every test against both protocol implementations (conftest.py: python, compiled); the
+# client tests (those that take ``upstream_impl``) also against both pooled clients
 pytestmark = pytest.mark.usefixtures("http_impl")
 
 
@@ -58,9 +59,9 @@ async def raw(port: int, data: bytes) -> bytes:
 
 
 @run_async
-async def test_keep_alive_reuses_one_connection():
+async def test_keep_alive_reuses_one_connection(upstream_impl):
     srv, port, _ = await make_server()
-    pool = Pool("127.0.0.1", port)
+    pool = upstream_impl.Pool("127.0.0.1", port)
     try:
         for i in range(50):
             r = await pool.request(b"POST", b"/echo", b"x%d" % i)
@@ -87,9 +88,9 @@ async def test_pipelined_requests_answered_in_order():
 
 
 @run_async
-async def test_chunked_request_body_and_stream_response():
+async def test_chunked_request_body_and_stream_response(upstream_impl):
     srv, port, _ = await make_server()
-    pool = Pool("127.0.0.1", port)
+    pool = upstream_impl.Pool("127.0.0.1", port)
     try:
         out = await raw(port, b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n"
                               b"connection: close\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
@@ -132,9 +133,9 @@ async def test_handler_bug_gives_500_and_silent_handler_never_hangs():
 
 
 @run_async
-async def test_client_close_cancels_handler_and_idle_timeout_fires():
+async def test_client_close_cancels_handler_and_idle_timeout_fires(upstream_impl):
     srv, port, state = await make_server()
-    pool = Pool("127.0.0.1", port)
+    pool = upstream_impl.Pool("127.0.0.1", port)
     try:
         r = await pool.request(b"GET", b"/stream?n=100&delay=0.05", idle_timeout_s=2)
         assert (await r.next_chunk()).startswith(b"data: 0")
@@ -160,9 +161,9 @@ async def test_client_close_cancels_handler_and_idle_timeout_fires():
 
 
 @run_async
-async def test_connection_refused_and_stale_keepalive_retry():
+async def test_connection_refused_and_stale_keepalive_retry(upstream_impl):
     srv, port, _ = await make_server()
-    pool = Pool("127.0.0.1", port)
+    pool = upstream_impl.Pool("127.0.0.1", port)
     r = await pool.request(b"POST", b"/echo", b"a")
     await r.read()
     # the server closes its idle keep-alive connections: the pool notices and reconnects
@@ -176,7 +177,7 @@ async def test_connection_refused_and_stale_keepalive_retry():
     finally:
         pool.close()
         await srv2.shutdown(0.1)
-    p2 = Pool("127.0.0.1", port)
+    p2 = upstream_impl.Pool("127.0.0.1", port)
     try:
         await p2.request(b"POST", b"/echo", b"c")
         raise AssertionError("expected connection refused")
@@ -186,9 +187,9 @@ async def test_connection_refused_and_stale_keepalive_retry():
 
 
 @run_async
-async def test_pool_cap_queues_callers():
+async def test_pool_cap_queues_callers(upstream_impl):
     srv, port, _ = await make_server()
-    pool = Pool("127.0.0.1", port, max_connections=2)
+    pool = upstream_impl.Pool("127.0.0.1", port, max_connections=2)
     try:
         async def one(i):
             r = await pool.request(b"GET", b"/stream?n=2&delay=0.02")

@@ -1,0 +1,578 @@
+# cython: language_level=3
+"""The pooled HTTP/1.1 upstream client of :mod:`motor.http.client`, compiled.
+
+:class:`Conn`, :class:`UpstreamResponse` and :class:`Pool` behave exactly as the pure-Python
+``_Conn``, ``UpstreamResponse`` and ``Pool`` of ``motor/http/client.py`` (the reference:
+the same bytes on the wire, the same attributes and methods, the same exceptions raised at
+the same points); the client tests run against both. What differs is the cost per request:
+typed attributes read as C struct fields, the ``httptools`` callbacks and the pool's
+bookkeeping are C calls, ``Pool.request`` and ``UpstreamResponse.next_chunk`` / ``read``
+are Cython coroutines that take an idle pooled connection and wait on the connection's
+future without a nested coroutine per step.
+
+The parser is ``httptools.HttpResponseParser`` through its Python interface (the same
+parser and errors as the reference). This module imports nothing from ``motor``:
+``motor.http.client`` hands it, once, with :func:`bind`, its exception classes
+(``UpstreamTimeout``, ``UpstreamClosed``), so ``except UpstreamClosed`` catches what
+either implementation raises.
+
+Public interface (see the stub ``upstream.pyi``): ``Pool(host, port, max_connections=1024,
+connect_timeout_s=5.0, tls=None, pool_wait_s=None, max_idle=1024)`` with ``request``,
+``close``, ``open_connections``, ``idle_connections``; ``UpstreamResponse`` with
+``status``, ``headers``, ``header``, ``next_chunk``, ``read``, ``close``, async iteration
+and the async context manager; ``Conn(pool)``, the ``asyncio.Protocol`` of one connection
+(duck typed: a cdef class cannot derive from ``asyncio.Protocol``).
+"""
+cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+
+import asyncio
+import socket
+from collections import deque
+
+import httptools
+
+cdef object _HttpResponseParser = httptools.HttpResponseParser
+cdef object _HttpParserError = httptools.HttpParserError
+cdef object _get_running_loop = asyncio.get_running_loop
+cdef object _wait_for = asyncio.wait_for
+cdef object _deque = deque
+cdef object _AF_INETS = (socket.AF_INET, socket.AF_INET6)
+cdef object _IPPROTO_TCP = socket.IPPROTO_TCP
+cdef object _TCP_NODELAY = socket.TCP_NODELAY
+
+# bound once by motor.http.client (bind)
+cdef object _UpstreamTimeout = None
+cdef object _UpstreamClosed = None
+
+cdef Py_ssize_t _HIGH_WATER = 1 << 20  # pause reading an upstream socket above 1 MiB unread
+cdef bytes _EMPTY = b""
+cdef str _IDLE = "idle"
+cdef str _FIRST_BYTE = "first byte"
+cdef object _WAIT = object()      # UpstreamResponse._step: nothing yet, wait for the socket
+
+
+def bind(upstream_timeout not None, upstream_closed not None):
+    """Give the compiled client the exception classes of ``motor.http.client``:
+    ``upstream_timeout(phase, timeout_s)`` and ``upstream_closed(msg, *, before_response)``.
+    Called once at import of ``motor.http.client``; again replaces them."""
+    global _UpstreamTimeout, _UpstreamClosed
+    _UpstreamTimeout = upstream_timeout
+    _UpstreamClosed = upstream_closed
+
+
+def bound():
+    """True once :func:`bind` was called."""
+    return _UpstreamClosed is not None
+
+
+def _expire_wait(fut, wait_s):
+    if not fut.done():
+        fut.set_exception(_UpstreamTimeout("pool", wait_s))
+
+
+cdef inline bytes _ascii_lower(bytes name):
+    """``name.lower()``; ``name`` itself when it holds no upper-case ASCII letter."""
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(name), i
+    cdef const unsigned char *s = <const unsigned char *>PyBytes_AS_STRING(name)
+    for i in range(n):
+        if 65 <= s[i] <= 90:
+            return name.lower()
+    return name
+
+
+@cython.final
+cdef class Conn:
+    """One upstream connection (as ``motor.http.client._Conn``); the protocol object is also
+    the response's data source."""
+
+    cdef Pool pool
+    cdef object transport
+    cdef object parser
+    cdef readonly object status
+    cdef readonly list headers
+    cdef list chunks
+    cdef Py_ssize_t buffered
+    cdef readonly bint headers_done
+    cdef readonly bint complete
+    cdef readonly object error
+    cdef object waiter
+    cdef bint paused
+    cdef bint got_bytes
+    cdef readonly bint closed
+    cdef readonly bint keep_alive
+    cdef bint counted_out
+
+    def __init__(self, Pool pool not None):
+        if _UpstreamClosed is None:
+            raise RuntimeError("motor._fast.upstream is not bound: import motor.http.client")
+        self.pool = pool
+        self.transport = None
+        self.parser = _HttpResponseParser(self)
+        self.closed = False
+        self.counted_out = False
+        self._reset()
+
+    cdef _reset(self):
+        self.status = 0
+        self.headers = []
+        self.chunks = []
+        self.buffered = 0
+        self.headers_done = False
+        self.complete = False
+        self.error = None
+        self.waiter = None
+        self.paused = False
+        self.got_bytes = False
+        self.keep_alive = True
+
+    # -- asyncio.Protocol ---------------------------------------------------
+    def connection_made(self, transport):
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in _AF_INETS:
+            try:
+                sock.setsockopt(_IPPROTO_TCP, _TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data):
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except _HttpParserError as e:
+            self.error = _UpstreamClosed(f"malformed HTTP response from upstream: {e}",
+                                         before_response=not self.headers_done)
+            self.close()
+            self._wake()
+
+    def eof_received(self):
+        return None
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self.pool._forget(self)
+        if not self.complete and self.error is None:
+            if self.headers_done and not self.parser.should_keep_alive() \
+                    and not self._has_length_or_chunked():
+                # close-delimited body: the close is the end of the message
+                self.complete = True
+            else:
+                self.error = _UpstreamClosed(
+                    "upstream closed the connection" + (f": {exc}" if exc else ""),
+                    before_response=not self.got_bytes)
+        self._wake()
+
+    # -- httptools callbacks ------------------------------------------------
+    def on_status(self, status):
+        self.status = self.parser.get_status_code()
+
+    def on_header(self, name, value):
+        if type(name) is bytes:
+            self.headers.append((_ascii_lower(<bytes>name), value))
+        else:
+            self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self):
+        self.status = self.parser.get_status_code()
+        self.headers_done = True
+        self.keep_alive = bool(self.parser.should_keep_alive())
+        self._wake()
+
+    def on_body(self, body):
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self):
+        self.complete = True
+        self._wake()
+
+    # -- helpers ------------------------------------------------------------
+    cdef bint _has_length_or_chunked(self):
+        for item in self.headers:
+            k, v = item
+            if k == b"content-length" or (k == b"transfer-encoding" and b"chunked" in v.lower()):
+                return True
+        return False
+
+    cdef inline _wake(self):
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _on_timeout(self, phase, timeout_s):
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_exception(_UpstreamTimeout(phase, timeout_s))
+
+    cdef object _waiter(self):
+        """A new future that the next wake sets (first step of ``wait``)."""
+        self.waiter = w = _get_running_loop().create_future()
+        return w
+
+    cdef object _timer(self, object timeout_s, str phase):
+        """The timer that raises ``UpstreamTimeout(phase, timeout_s)`` into the waiter (None
+        when ``timeout_s`` is None or 0); the waiting code cancels it when woken."""
+        if timeout_s:
+            return _get_running_loop().call_later(timeout_s, self._on_timeout, phase, timeout_s)
+        return None
+
+    async def wait(self, timeout_s, phase):
+        """Wait for the next callback (headers, body, end, error, close) or the timeout.
+
+        Raises ``UpstreamTimeout(phase, timeout_s)`` when ``timeout_s`` (seconds, None or 0 =
+        no bound) passes first."""
+        w = self._waiter()
+        h = self._timer(timeout_s, phase)
+        try:
+            await w
+        finally:
+            self.waiter = None
+            if h is not None:
+                h.cancel()
+
+    cpdef close(self):
+        """Close the transport (once); the connection counts as closed from now on."""
+        self.closed = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    cpdef bint reusable(self):
+        """Open and not closing: fit for another request."""
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+
+@cython.final
+cdef class UpstreamResponse:
+    """An engine's answer (as ``motor.http.client.UpstreamResponse``): ``status`` (int) and
+    ``headers`` (list of ``(lower-case name, value)`` bytes pairs) now, body chunks as they
+    come. Use as an async context manager or call :meth:`close` (idempotent); a response
+    read to its end hands its connection back to the pool."""
+
+    cdef Conn _conn
+    cdef public object status
+    cdef public list headers
+    cdef object _idle_timeout_s
+    cdef bint _done
+
+    def __init__(self, Conn conn not None, idle_timeout_s):
+        self._conn = conn
+        self.status = conn.status
+        self.headers = conn.headers
+        self._idle_timeout_s = idle_timeout_s
+        self._done = False
+
+    def header(self, name, default=None):
+        """First value of header ``name`` (lower-case bytes), or ``default``."""
+        for item in self.headers:
+            k, v = item
+            if k == name:
+                return v
+        return default
+
+    cdef object _step(self):
+        """One turn of ``next_chunk``'s loop without the wait: the buffered body, ``None`` at
+        the end, the connection's error raised, or ``_WAIT``."""
+        cdef Conn c = self._conn
+        cdef list chunks = c.chunks
+        if chunks:
+            if len(chunks) == 1:
+                data = chunks[0]
+            else:
+                data = _EMPTY.join(chunks)
+            c.chunks = []
+            c.buffered = 0
+            if c.paused and c.transport is not None:
+                c.paused = False
+                c.transport.resume_reading()
+            return data
+        if c.complete:
+            self._finish()
+            return None
+        if c.error is not None:
+            self._finish()
+            raise c.error
+        return _WAIT
+
+    async def next_chunk(self):
+        """Next piece of the (de-chunked) body, or ``None`` at its end.
+
+        Raises ``UpstreamTimeout`` (no byte for ``idle_timeout_s``), ``UpstreamClosed`` (the
+        connection ended before the body was complete)."""
+        cdef Conn c
+        while True:
+            data = self._step()
+            if data is not _WAIT:
+                return data
+            c = self._conn
+            w = c._waiter()
+            h = c._timer(self._idle_timeout_s, _IDLE)
+            try:
+                await w
+            finally:
+                c.waiter = None
+                if h is not None:
+                    h.cancel()
+
+    def __aiter__(self):
+        return self._iter()
+
+    async def _iter(self):
+        while True:
+            chunk = await self.next_chunk()
+            if chunk is None:
+                return
+            yield chunk
+
+    async def read(self):
+        """The whole remaining body (bytes)."""
+        cdef list parts = []
+        cdef Conn c
+        while True:
+            data = self._step()
+            if data is None:
+                return _EMPTY.join(parts)
+            if data is not _WAIT:
+                parts.append(data)
+                continue
+            c = self._conn
+            w = c._waiter()
+            h = c._timer(self._idle_timeout_s, _IDLE)
+            try:
+                await w
+            finally:
+                c.waiter = None
+                if h is not None:
+                    h.cancel()
+
+    cdef _finish(self):
+        if self._done:
+            return
+        self._done = True
+        c = self._conn
+        if c.complete and c.error is None and c.keep_alive:
+            c.pool._release(c)
+        else:
+            c.close()
+            c.pool._drop(c)
+
+    def close(self):
+        """Stop reading; an unfinished answer closes (aborts) the upstream connection."""
+        if self._done:
+            return
+        c = self._conn
+        if not c.complete:
+            c.close()
+        self._finish()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()
+
+
+@cython.final
+cdef class Pool:
+    """Keep-alive connections to one endpoint (as ``motor.http.client.Pool``; parameters
+    and errors there)."""
+
+    cdef public object host
+    cdef public object port
+    cdef public object tls
+    cdef public object pool_wait_s
+    cdef public object max_idle
+    cdef public object max_connections
+    cdef public object connect_timeout_s
+    cdef list _idle
+    cdef Py_ssize_t _open
+    cdef object _waiters
+    cdef bytes _host_header
+    cdef public bint closed
+
+    def __init__(self, host, port, max_connections=1024, connect_timeout_s=5.0, tls=None,
+                 pool_wait_s=None, max_idle=1024):
+        if _UpstreamClosed is None:
+            raise RuntimeError("motor._fast.upstream is not bound: import motor.http.client")
+        self.host = host
+        self.port = port
+        self.tls = tls
+        self.pool_wait_s = pool_wait_s
+        self.max_idle = max_idle
+        self.max_connections = max_connections
+        self.connect_timeout_s = connect_timeout_s
+        self._idle = []
+        self._open = 0
+        self._waiters = _deque()
+        self._host_header = f"{host}:{port}".encode()
+        self.closed = False
+
+    @property
+    def open_connections(self):
+        return self._open
+
+    @property
+    def idle_connections(self):
+        return len(self._idle)
+
+    async def _connect(self):
+        loop = _get_running_loop()
+        conn = Conn(self)
+        try:
+            await _wait_for(
+                loop.create_connection(lambda: conn, self.host, self.port, ssl=self.tls,
+                                       server_hostname=self.host if self.tls else None),
+                self.connect_timeout_s)
+        except TimeoutError:
+            raise _UpstreamTimeout("connect", self.connect_timeout_s) from None
+        return conn
+
+    cdef Conn _pop_idle(self):
+        """A reusable idle connection (the newest), or None; closed ones met are dropped."""
+        cdef Conn c
+        while self._idle:
+            c = <Conn>self._idle.pop()
+            if c.reusable():
+                return c
+            self._drop(c)
+        return None
+
+    async def _acquire(self):
+        cdef Conn c
+        while True:
+            c = self._pop_idle()
+            if c is not None:
+                return c, True
+            if self._open < self.max_connections:
+                self._open += 1
+                try:
+                    return await self._connect(), False
+                except BaseException:
+                    self._open -= 1
+                    self._wake_one()
+                    raise
+            loop = _get_running_loop()
+            fut = loop.create_future()
+            self._waiters.append(fut)
+            timer = loop.call_later(self.pool_wait_s, _expire_wait, fut, self.pool_wait_s) \
+                if self.pool_wait_s is not None else None
+            try:
+                await fut
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                if not fut.done():
+                    fut.cancel()
+
+    cdef _wake_one(self):
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
+
+    cdef _release(self, Conn c):
+        if c.closed or self.closed:
+            self._drop(c)
+            return
+        if len(self._idle) >= self.max_idle and not self._waiters:
+            c.close()       # enough idle ones: this one goes (counted out by _drop)
+            self._drop(c)
+            return
+        c._reset()
+        self._idle.append(c)
+        self._wake_one()
+
+    cdef _drop(self, Conn c):
+        if c.counted_out:
+            return
+        c.counted_out = True
+        self._open -= 1
+        self._wake_one()
+
+    cdef _forget(self, Conn c):
+        """Called on connection_lost: an idle connection closed by the engine leaves the pool."""
+        try:
+            self._idle.remove(c)
+        except ValueError:
+            return
+        self._drop(c)
+
+    async def request(self, method, path, body=b"", headers=(), *, first_byte_timeout_s=None,
+                      idle_timeout_s=None):
+        """Send a request; return an :class:`UpstreamResponse` once status and headers
+        arrived (as ``motor.http.client.Pool.request``: a reused keep-alive connection closed
+        before any byte of the answer is retried once on a fresh one).
+
+        Raises ``UpstreamTimeout`` (connect or first byte too slow), ``UpstreamClosed`` or
+        ``OSError`` (connection refused / reset)."""
+        cdef list head
+        cdef Conn conn
+        cdef UpstreamResponse resp
+        cdef bint reused
+        cdef int attempt
+        head = [method, b" ", path, b" HTTP/1.1\r\nhost: ", self._host_header,
+                b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
+        for k, v in headers:
+            head.append(k)
+            head.append(b": ")
+            head.append(v)
+            head.append(b"\r\n")
+        head.append(b"\r\n")
+        head.append(body)
+        data = _EMPTY.join(head)
+        for attempt in range(2):
+            conn = self._pop_idle()
+            if conn is not None:
+                reused = True
+            else:
+                conn, reused = await self._acquire()
+            try:
+                assert conn.transport is not None
+                conn.transport.write(data)
+                while not conn.headers_done:
+                    if conn.error is not None:
+                        raise conn.error
+                    w = conn._waiter()
+                    h = conn._timer(first_byte_timeout_s, _FIRST_BYTE)
+                    try:
+                        await w
+                    finally:
+                        conn.waiter = None
+                        if h is not None:
+                            h.cancel()
+            except _UpstreamClosed as e:
+                conn.close()
+                self._drop(conn)
+                if reused and e.before_response and attempt == 0:
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                self._drop(conn)
+                raise
+            resp = UpstreamResponse.__new__(UpstreamResponse)
+            resp._conn = conn
+            resp.status = conn.status
+            resp.headers = conn.headers
+            resp._idle_timeout_s = idle_timeout_s
+            resp._done = False
+            return resp
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self):
+        """Close the idle connections; callers waiting for one get ``ConnectionError``."""
+        cdef Conn c
+        self.closed = True
+        while self._idle:
+            c = <Conn>self._idle.pop()
+            c.close()
+            self._open -= 1
+        for w in self._waiters:
+            if not w.done():
+                w.set_exception(ConnectionError("pool closed"))
+        self._waiters.clear()
