@@ -75,6 +75,43 @@ cdef inline uint64_t _home(uint64_t key, int shift) noexcept nogil:
     return (key * RADIX_HOME_MUL) >> shift
 
 
+cdef inline uint64_t _step(uint64_t *active, uint64_t *p0, uint64_t *p1, uint64_t *p2,
+                           const uint64_t *b, int base, Py_ssize_t j, int32_t *out,
+                           int32_t *seg) noexcept nogil:
+    """Block ``j`` of a match against one 64-instance word of a node's masks ``b`` (any,
+    device, host, disk): the instances still in their leading run (``active``) that hold
+    it, by fastest tier (``p0``..``p2``: the previous block's); an instance whose tier
+    changed closes its segment in ``out`` (counts per tier) and opens one at ``j`` in
+    ``seg``. Returns the word's new active mask. Inline, with scalars passed by address
+    when there is one word: they stay in registers."""
+    cdef uint64_t a = active[0] & b[0]
+    cdef uint64_t n0 = a & b[1]
+    cdef uint64_t n1 = a & b[2] & ~n0
+    cdef uint64_t n2 = a & ~(n0 | n1)
+    cdef uint64_t ch = (n0 ^ p0[0]) | (n1 ^ p1[0]) | (n2 ^ p2[0])
+    cdef uint64_t m
+    cdef int inst
+    while ch:
+        inst = mf_ctz64(ch)
+        m = (<uint64_t>1) << inst
+        ch &= ch - 1
+        inst += base
+        # close the segment in the previous best tier, open the new one
+        if p0[0] & m:
+            out[inst * 3 + 0] += <int32_t>(j - seg[inst])
+        elif p1[0] & m:
+            out[inst * 3 + 1] += <int32_t>(j - seg[inst])
+        elif p2[0] & m:
+            out[inst * 3 + 2] += <int32_t>(j - seg[inst])
+        if a & m:
+            seg[inst] = <int32_t>j
+    p0[0] = n0
+    p1[0] = n1
+    p2[0] = n2
+    active[0] = a
+    return a
+
+
 cdef int _get_hashes(object obj, Py_buffer *view, str name) except -1:
     """1-D contiguous uint64 view of ``obj`` (list/tuple converted, strided copied)."""
     if isinstance(obj, (list, tuple)):
@@ -679,7 +716,8 @@ cdef class PrefixIndex:
         cdef Py_ssize_t j, end = n, pre
         cdef uint32_t node
         cdef const uint64_t *b
-        cdef uint64_t a, n0, n1, n2, ch, m, anyact
+        cdef uint64_t ch, m, anyact
+        cdef uint64_t a1 = 0, q0 = 0, q1 = 0, q2 = 0     # the masks of word 0 when W == 1
         cdef int32_t *seg = self._seg_start
         cdef const RadixSlot *slots = self._slots
         cdef const uint64_t *bits = self._bits
@@ -695,6 +733,7 @@ cdef class PrefixIndex:
             return 0
         if W == self._nwords:
             active[W - 1] = self._last_word_mask
+        a1 = active[0]
         pre = n if n < RADIX_PREFETCH_SLOTS else RADIX_PREFETCH_SLOTS
         for j in range(pre):
             mf_prefetch(&slots[_home(q[j], shift)])
@@ -730,35 +769,20 @@ cdef class PrefixIndex:
                 end = j
                 break
             b = bits + <size_t>node * stride
-            anyact = 0
-            for w in range(W):
-                a = active[w] & b[4 * w]
-                n0 = a & b[4 * w + 1]
-                n1 = a & b[4 * w + 2] & ~n0
-                n2 = a & ~(n0 | n1)
-                ch = (n0 ^ p0[w]) | (n1 ^ p1[w]) | (n2 ^ p2[w])
-                while ch:
-                    inst = mf_ctz64(ch)
-                    m = (<uint64_t>1) << inst
-                    ch &= ch - 1
-                    inst += w * 64
-                    # close the segment in the previous best tier, open the new one
-                    if p0[w] & m:
-                        out[inst * 3 + 0] += <int32_t>(j - seg[inst])
-                    elif p1[w] & m:
-                        out[inst * 3 + 1] += <int32_t>(j - seg[inst])
-                    elif p2[w] & m:
-                        out[inst * 3 + 2] += <int32_t>(j - seg[inst])
-                    if a & m:
-                        seg[inst] = <int32_t>j
-                p0[w] = n0
-                p1[w] = n1
-                p2[w] = n2
-                active[w] = a
-                anyact |= a
+            if W == 1:          # up to 64 instances: the masks in registers
+                anyact = _step(&a1, &q0, &q1, &q2, b, 0, j, out, seg)
+            else:
+                anyact = 0
+                for w in range(W):
+                    anyact |= _step(&active[w], &p0[w], &p1[w], &p2[w], b + 4 * w, w * 64, j,
+                                    out, seg)
             if anyact == 0:
                 end = j
                 break
+        if W == 1:
+            p0[0] = q0
+            p1[0] = q1
+            p2[0] = q2
         for w in range(W):
             ch = p0[w] | p1[w] | p2[w]
             while ch:
