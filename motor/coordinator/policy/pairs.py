@@ -295,14 +295,13 @@ class PairChooser:
         xfer = self._transfer(ps, ds)
         start = self._next
         self._next = start + 1
-        p_work = np.ascontiguousarray(p_queued + p_unc)
+        p_work = p_queued + p_unc
         handoff = self.handoff_s
+        # slices of C-contiguous columns and of the rates' rows: contiguous, as pick_pair wants
         pi, di, cost, pair_s, local_s = pick_pair(
-            p_work, np.ascontiguousarray(p_running), np.ascontiguousarray(p_rates),
-            np.ascontiguousarray(d_queued), np.ascontiguousarray(d_unc),
-            np.ascontiguousarray(d_running), np.ascontiguousarray(d_rates), xfer,
+            p_work, p_running, p_rates, d_queued, d_unc, d_running, d_rates, xfer,
             float(info.max_tokens), self.chunk_tokens, local, self.stall_weight, start,
-            np.ascontiguousarray(p_unc), handoff)
+            p_unc, handoff)
         if di < 0:
             return None
         d = ds[di]
