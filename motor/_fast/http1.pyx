@@ -222,19 +222,10 @@ cdef class Response:
         self.tap = None
         self.extra_headers = ()
 
-    @property
-    def client_gone(self):
-        return self._proto.closed
-
-    def send(self, status, body=b"", content_type=b"application/json", headers=()):
-        """Send a complete response with ``Content-Length``."""
-        cdef list parts
-        if self.started:
-            raise RuntimeError("response already started")
-        self.started = self.finished = True
-        self.status = status
-        parts = [_status(status), b"content-type: ", content_type,
-                 b"\r\ncontent-length: ", b"%d" % len(body), b"\r\n"]
+    cdef _end_head(self, list parts, headers):
+        """The end of an answer's head into ``parts``: ``headers``, the extra headers, and
+        ``connection: close`` when the connection goes with this answer (no keep-alive, or
+        the server shutting down), then the blank line."""
         for k, v in headers:
             parts.append(k)
             parts.append(b": ")
@@ -251,6 +242,21 @@ cdef class Response:
         if not self.keep_alive:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
+
+    @property
+    def client_gone(self):
+        return self._proto.closed
+
+    def send(self, status, body=b"", content_type=b"application/json", headers=()):
+        """Send a complete response with ``Content-Length``."""
+        cdef list parts
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = self.finished = True
+        self.status = status
+        parts = [_status(status), b"content-type: ", content_type,
+                 b"\r\ncontent-length: ", b"%d" % len(body), b"\r\n"]
+        self._end_head(parts, headers)
         if not self.head:
             parts.append(body)
         self._proto.write(_EMPTY.join(parts))
@@ -276,22 +282,7 @@ cdef class Response:
                      b"\r\ntransfer-encoding: chunked\r\n"]
         if content_type == b"text/event-stream":
             parts.append(b"cache-control: no-cache\r\n")
-        for k, v in headers:
-            parts.append(k)
-            parts.append(b": ")
-            parts.append(v)
-            parts.append(b"\r\n")
-        if self.extra_headers:
-            for k, v in self.extra_headers:
-                parts.append(k)
-                parts.append(b": ")
-                parts.append(v)
-                parts.append(b"\r\n")
-        if self.keep_alive and self._proto._server.draining:
-            self.keep_alive = False
-        if not self.keep_alive:
-            parts.append(b"connection: close\r\n")
-        parts.append(b"\r\n")
+        self._end_head(parts, headers)
         self._proto.write(_EMPTY.join(parts))
 
     def write(self, data):
