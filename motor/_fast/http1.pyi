@@ -8,7 +8,8 @@ _Headers = Iterable[tuple[bytes, bytes]]
 
 def bind(status_lines: dict[int, bytes], status_line: Callable[[int], bytes],
          origin_form: Callable[[bytes, bytes], bytes | None],
-         error_body: Callable[[int, str], bytes], logger: logging.Logger) -> None: ...
+         error_body: Callable[[int, str], bytes], logger: logging.Logger,
+         reset: Callable[[Any], None] | None = None) -> None: ...
 def bound() -> bool: ...
 
 class Request:

@@ -49,21 +49,27 @@ cdef object _status_line = None
 cdef object _origin_form = None
 cdef object _error_body = None
 cdef object _logger = None
+cdef object _reset_socket = None
 
 cdef bytes _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 cdef bytes _LAST_CHUNK = b"0\r\n\r\n"
 cdef bytes _EMPTY = b""
 cdef str _HTTP10 = "1.0"
+cdef double _LINGER_S = 2.0    # motor.http.server.LINGER_S
+cdef tuple _CLOSE = ()         # HttpProtocol._deferred: close after the answers, no answer
 
 
-def bind(dict status_lines not None, status_line, origin_form, error_body, logger):
+def bind(dict status_lines not None, status_line, origin_form, error_body, logger,
+         reset=None):
     """Give the compiled protocol what it takes from ``motor.http.server``.
 
     ``status_lines``: the ``status -> b"HTTP/1.1 ... \\r\\n"`` cache that ``status_line``
     fills; ``status_line(int) -> bytes``; ``origin_form(method, target) -> bytes | None``;
     ``error_body(status, message) -> bytes``; ``logger``: a ``logging.Logger`` (handler
-    failures). Called once at import of ``motor.http.server``; again replaces them."""
-    global _status_lines, _status_line, _origin_form, _error_body, _logger
+    failures); ``reset(transport)``: make the next close of a transport's socket a reset.
+    Called once at import of ``motor.http.server``; again replaces them."""
+    global _status_lines, _status_line, _origin_form, _error_body, _logger, _reset_socket
+    _reset_socket = reset
     _status_lines = status_lines
     _status_line = status_line
     _origin_form = origin_form
@@ -360,6 +366,8 @@ cdef class HttpProtocol:
     cdef bint _reading
     #: loop time after which a client that stopped reading is cut (0 = not stalled)
     cdef public double send_deadline
+    cdef Py_ssize_t _head_len
+    cdef object _deferred
 
     def __init__(self, server):
         if _status_line is None:
@@ -382,6 +390,8 @@ cdef class HttpProtocol:
         self.deadline = 0.0
         self._reading = False
         self.send_deadline = 0.0
+        self._head_len = 0
+        self._deferred = None
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport):
@@ -403,7 +413,15 @@ cdef class HttpProtocol:
         try:
             self._parser.feed_data(data)
         except _HttpParserUpgrade:
-            self._reject(400, "protocol upgrade is not supported")
+            if self._task is not None:
+                # the request asking for it is answered as plain HTTP/1.1 (a server may ignore
+                # Upgrade, RFC 9110 section 7.8); what follows it is no HTTP/1.1: the
+                # connection closes after the answers
+                self._rejected = True
+                if self._deferred is None:
+                    self._deferred = _CLOSE
+            else:
+                self._reject(400, "protocol upgrade is not supported")
         except _HttpParserError as e:
             self._reject(400, f"malformed HTTP request: {e}")
 
@@ -441,15 +459,25 @@ cdef class HttpProtocol:
         self._headers = []
         self._body = []
         self._body_len = 0
+        self._head_len = 0
 
     def on_url(self, bytes url):
         if PyBytes_GET_SIZE(self._url) == 0:
             self._url = url
         else:
             self._url += url
+        self._count_head(PyBytes_GET_SIZE(url))
 
     def on_header(self, bytes name, value):
         self._headers.append((_ascii_lower(name), value))
+        self._count_head(PyBytes_GET_SIZE(name) + len(value))
+
+    cdef _count_head(self, Py_ssize_t n):
+        self._head_len += n
+        limit = self._server.max_header_bytes
+        if self._head_len > limit and not self._rejected:
+            self._reject(431, f"request header fields are larger than the limit of {limit} "
+                              "bytes")
 
     def on_headers_complete(self):
         cdef long long n
@@ -549,10 +577,10 @@ cdef class HttpProtocol:
         req.http10 = parser.get_http_version() == _HTTP10
         if self._task is None:
             self._start(req)
+        elif len(self._queue) >= 64:
+            self._reject(429, "too many pipelined requests")
         else:
             self._queue.append(req)
-            if len(self._queue) > 64:
-                self._reject(429, "too many pipelined requests")
 
     # -- internals ----------------------------------------------------------
     cdef _start(self, Request req):
@@ -609,6 +637,15 @@ cdef class HttpProtocol:
             return
         if self._queue and not self.closed:
             self._start(self._queue.popleft())
+        elif self._deferred is not None:
+            # the requests before a refused one are answered: now its answer, and the close
+            d = self._deferred
+            self._deferred = None
+            if d is _CLOSE:
+                self.close()
+            else:
+                status, message, headers = d
+                self._reject(status, message, headers)
         else:
             self.deadline = server.loop_time() + server.keepalive_timeout_s
 
@@ -619,15 +656,36 @@ cdef class HttpProtocol:
         self._rejected = True
         if self._transport is None or self.closed:
             return
-        if self._task is None:
-            body = message if isinstance(message, bytes) else _error_body(status, message)
-            extra = []
-            for k, v in headers:
-                extra.append(k + b": " + v + b"\r\n")
-            self._transport.write(_status(status) + b"content-type: application/json\r\n"
-                                  b"content-length: " + str(len(body)).encode() +
-                                  b"\r\n" + _EMPTY.join(extra) + b"connection: close\r\n\r\n"
-                                  + body)
+        if self._task is not None:
+            # pipelined after requests still being answered: their answers go first
+            # (response_done), then this one, and the connection closes
+            if self._deferred is None:
+                self._deferred = (status, message, headers)
+            return
+        body = message if isinstance(message, bytes) else _error_body(status, message)
+        extra = []
+        for k, v in headers:
+            extra.append(k + b": " + v + b"\r\n")
+        self._transport.write(_status(status) + b"content-type: application/json\r\n"
+                              b"content-length: " + str(len(body)).encode() +
+                              b"\r\n" + _EMPTY.join(extra) + b"connection: close\r\n\r\n"
+                              + body)
+        self._linger()
+
+    cdef _linger(self):
+        """After a refusal (as the reference): shut the write side once the answer is out and
+        drop what the client still sends for up to ``LINGER_S``, then close (the sweeper's
+        deadline); a transport that cannot half-close (TLS) is closed at once."""
+        t = self._transport
+        try:
+            if t is not None and t.can_write_eof():
+                t.write_eof()
+                self.closed = True
+                self._reading = False
+                self.deadline = self._server.loop_time() + _LINGER_S
+                return
+        except (NotImplementedError, OSError, RuntimeError):
+            pass
         self.close()
 
     def timed_out(self):
@@ -646,6 +704,8 @@ cdef class HttpProtocol:
         _logger.info("client %s stopped reading for %g s: connection closed", self._peer,
                      self._server.send_timeout_s)
         if self._transport is not None:
+            if _reset_socket is not None:
+                _reset_socket(self._transport)
             self._transport.abort()
 
     cpdef write(self, data):

@@ -34,6 +34,7 @@ import httptools
 
 cdef object _HttpResponseParser = httptools.HttpResponseParser
 cdef object _HttpParserError = httptools.HttpParserError
+cdef object _HttpParserUpgrade = httptools.HttpParserUpgrade
 cdef object _get_running_loop = asyncio.get_running_loop
 cdef object _wait_for = asyncio.wait_for
 cdef object _deque = deque
@@ -102,6 +103,7 @@ cdef class Conn:
     cdef readonly bint closed
     cdef readonly bint keep_alive
     cdef bint counted_out
+    cdef bint interim
 
     def __init__(self, Pool pool not None):
         if _UpstreamClosed is None:
@@ -125,6 +127,7 @@ cdef class Conn:
         self.paused = False
         self.got_bytes = False
         self.keep_alive = True
+        self.interim = False
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport):
@@ -140,7 +143,8 @@ cdef class Conn:
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
-        except _HttpParserError as e:
+        except (_HttpParserError, _HttpParserUpgrade) as e:
+            # an upgrade (101) is never asked for: the bytes after it are no HTTP answer
             self.error = _UpstreamClosed(f"malformed HTTP response from upstream: {e}",
                                          before_response=not self.headers_done)
             self.close()
@@ -174,7 +178,16 @@ cdef class Conn:
             self.headers.append((name.lower(), value))
 
     def on_headers_complete(self):
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            # an interim answer (100 Continue, 103 Early Hints): not the response, which
+            # follows on the same connection; its headers are dropped (RFC 9110 section 15.2).
+            # A 101 stops the parser (an upgrade never asked for): data_received answers it
+            # as malformed.
+            self.interim = True
+            self.headers = []
+            return
+        self.status = status
         self.headers_done = True
         self.keep_alive = bool(self.parser.should_keep_alive())
         self._wake()
@@ -188,6 +201,10 @@ cdef class Conn:
         self._wake()
 
     def on_message_complete(self):
+        if self.interim:        # the 1xx ended: wait for the final answer's head
+            self.interim = False
+            self.status = 0
+            return
         self.complete = True
         self._wake()
 

@@ -632,6 +632,10 @@ class CoordinatorConfig(_Strict):
     failover: FailoverConfig = Field(default_factory=FailoverConfig)
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024,
                                 description="largest accepted request body (bytes)")
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="largest accepted request head: the target and every "
+                                        "header name and value together (bytes); above it 431 "
+                                        "and the connection is closed")
     request_read_timeout_s: float = Field(
         30.0, gt=0, description="a client must send a request's headers and body within this "
                                 "long, else 408 and the connection is closed (slow clients)")

@@ -114,6 +114,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                     len(link.slots))
 
     server = HttpServer(coord.router, max_body_bytes=c.max_body_bytes,
+                        max_header_bytes=c.max_header_bytes,
                         request_read_timeout_s=c.request_read_timeout_s,
                         keepalive_timeout_s=c.keepalive_timeout_s,
                         send_timeout_s=c.send_timeout_s)

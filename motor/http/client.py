@@ -68,7 +68,7 @@ class _Conn(asyncio.Protocol):
 
     __slots__ = ("pool", "transport", "parser", "status", "headers", "chunks", "buffered",
                  "headers_done", "complete", "error", "waiter", "paused", "got_bytes", "closed",
-                 "keep_alive", "timer", "counted_out")
+                 "keep_alive", "timer", "counted_out", "interim")
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
@@ -91,6 +91,7 @@ class _Conn(asyncio.Protocol):
         self.got_bytes = False
         self.keep_alive = True
         self.timer: asyncio.TimerHandle | None = None
+        self.interim = False
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -106,7 +107,8 @@ class _Conn(asyncio.Protocol):
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as e:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
+            # an upgrade (101) is never asked for: the bytes after it are no HTTP answer
             self.error = UpstreamClosed(f"malformed HTTP response from upstream: {e}",
                                         before_response=not self.headers_done)
             self.close()
@@ -137,7 +139,16 @@ class _Conn(asyncio.Protocol):
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            # an interim answer (100 Continue, 103 Early Hints): not the response, which
+            # follows on the same connection; its headers are dropped (RFC 9110 section 15.2:
+            # a client must accept an unexpected 1xx). A 101 stops the parser (an upgrade
+            # this client never asks for): data_received answers it as malformed.
+            self.interim = True
+            self.headers = []
+            return
+        self.status = status
         self.headers_done = True
         self.keep_alive = bool(self.parser.should_keep_alive())
         self._wake()
@@ -151,6 +162,10 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self.interim:        # the 1xx ended: wait for the final answer's head
+            self.interim = False
+            self.status = 0
+            return
         self.complete = True
         self._wake()
 

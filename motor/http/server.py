@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import ssl
+import struct
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -58,6 +59,25 @@ def status_line(status: int) -> bytes:
         line = f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")
         _STATUS_LINES[status] = line
     return line
+
+
+_LINGER_RESET = struct.pack("ii", 1, 0)
+#: seconds a refused client's further bytes are read and dropped before the close
+LINGER_S = 2.0
+#: HttpProtocol._deferred: close once the answers before are sent, with no answer of its own
+_CLOSE: tuple[()] = ()
+
+
+def reset(transport: asyncio.BaseTransport) -> None:
+    """Make the next close of ``transport``'s socket a reset (``SO_LINGER`` 0): the kernel
+    drops what is still queued for a peer that stopped reading, instead of holding it and
+    the connection in FIN-WAIT-1 until the peer reads or its timers expire."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        except OSError:
+            pass
 
 
 def bind_error_reason(e: OSError) -> str:
@@ -278,7 +298,7 @@ class HttpProtocol(asyncio.Protocol):
     __slots__ = ("_server", "_transport", "_parser", "_url", "_headers", "_body", "_body_len",
                  "_queue", "_task", "closed", "_paused", "_drain_waiter", "_peer", "_rejected",
                  "deadline", "_reading", "send_deadline",
-                 "_current")
+                 "_current", "_head_len", "_deferred")
 
     def __init__(self, server: HttpServer) -> None:
         self._server = server
@@ -296,6 +316,10 @@ class HttpProtocol(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self._peer: object = None
         self._rejected = False
+        #: bytes of the request head read so far (target + header names and values)
+        self._head_len = 0
+        #: a refusal waiting for the answers of the requests before it (pipelining)
+        self._deferred: tuple[int, str | bytes, Headers] | tuple[()] | None = None
         #: loop time after which the server's sweeper closes this connection (0 = none):
         #: reading one request (headers + body) or waiting idle for the next one
         self.deadline = 0.0
@@ -322,7 +346,15 @@ class HttpProtocol(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reject(400, "protocol upgrade is not supported")
+            if self._task is not None:
+                # the request asking for it is answered as plain HTTP/1.1 (a server may ignore
+                # Upgrade, RFC 9110 section 7.8); what follows it is no HTTP/1.1: the
+                # connection closes after the answers
+                self._rejected = True
+                if self._deferred is None:
+                    self._deferred = _CLOSE
+            else:
+                self._reject(400, "protocol upgrade is not supported")
         except httptools.HttpParserError as e:
             self._reject(400, f"malformed HTTP request: {e}")
 
@@ -356,12 +388,22 @@ class HttpProtocol(asyncio.Protocol):
         self._headers = []
         self._body = []
         self._body_len = 0
+        self._head_len = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
+        self._count_head(len(name) + len(value))
+
+    def _count_head(self, n: int) -> None:
+        self._head_len += n
+        limit = self._server.max_header_bytes
+        if self._head_len > limit and not self._rejected:
+            self._reject(431, f"request header fields are larger than the limit of {limit} "
+                              "bytes")
 
     def on_headers_complete(self) -> None:
         expect = None
@@ -439,10 +481,10 @@ class HttpProtocol(asyncio.Protocol):
                       self._parser.get_http_version() == "1.0")
         if self._task is None:
             self._start(req)
+        elif len(self._queue) >= 64:
+            self._reject(429, "too many pipelined requests")
         else:
             self._queue.append(req)
-            if len(self._queue) > 64:
-                self._reject(429, "too many pipelined requests")
 
     # -- internals ----------------------------------------------------------
     def _start(self, req: Request) -> None:
@@ -490,6 +532,13 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self._queue and not self.closed:
             self._start(self._queue.popleft())
+        elif self._deferred is not None:
+            # the requests before a refused one are answered: now its answer, and the close
+            d, self._deferred = self._deferred, None
+            if d is _CLOSE:
+                self.close()
+            else:
+                self._reject(*d)
         else:
             self.deadline = self._server.loop_time() + self._server.keepalive_timeout_s
 
@@ -499,12 +548,36 @@ class HttpProtocol(asyncio.Protocol):
         self._rejected = True
         if self._transport is None or self.closed:
             return
-        if self._task is None:
-            body = message if isinstance(message, bytes) else error_body(status, message)
-            extra = b"".join(k + b": " + v + b"\r\n" for k, v in headers)
-            self._transport.write(status_line(status) + b"content-type: application/json\r\n"
-                                  b"content-length: " + str(len(body)).encode() +
-                                  b"\r\n" + extra + b"connection: close\r\n\r\n" + body)
+        if self._task is not None:
+            # pipelined after requests still being answered: their answers go first
+            # (response_done), then this one, and the connection closes
+            if self._deferred is None:
+                self._deferred = (status, message, headers)
+            return
+        body = message if isinstance(message, bytes) else error_body(status, message)
+        extra = b"".join(k + b": " + v + b"\r\n" for k, v in headers)
+        self._transport.write(status_line(status) + b"content-type: application/json\r\n"
+                              b"content-length: " + str(len(body)).encode() +
+                              b"\r\n" + extra + b"connection: close\r\n\r\n" + body)
+        self._linger()
+
+    def _linger(self) -> None:
+        """The end of a connection after a refusal: the write side is shut once the answer
+        is out (the client reads it, then the end) while what the client still sends (the
+        rest of an upload it was not asked for) is read and dropped for up to
+        :data:`LINGER_S`: closed at once, its unread bytes would make the kernel reset the
+        connection, and a reset can destroy the answer before the client reads it (RFC 9112
+        section 9.6). A TLS connection cannot half-close: closed at once."""
+        t = self._transport
+        try:
+            if t is not None and t.can_write_eof():
+                t.write_eof()
+                self.closed = True
+                self._reading = False
+                self.deadline = self._server.loop_time() + LINGER_S   # then timed_out closes
+                return
+        except (NotImplementedError, OSError, RuntimeError):
+            pass                # a transport that cannot say, or that failed: close it
         self.close()
 
     def timed_out(self) -> None:
@@ -525,6 +598,7 @@ class HttpProtocol(asyncio.Protocol):
         logger.info("client %s stopped reading for %g s: connection closed", self._peer,
                     self._server.send_timeout_s)
         if self._transport is not None:
+            reset(self._transport)
             self._transport.abort()
 
     def write(self, data: bytes) -> None:
@@ -553,7 +627,7 @@ class HttpProtocol(asyncio.Protocol):
 
 
 if _http1 is not None:
-    _http1.bind(_STATUS_LINES, status_line, origin_form, error_body, logger)
+    _http1.bind(_STATUS_LINES, status_line, origin_form, error_body, logger, reset)
 
 #: the connection protocol class of the compiled implementation (None: not built)
 COMPILED_PROTOCOL: type[asyncio.Protocol] | None = \
@@ -573,13 +647,17 @@ class HttpServer:
     handler : async callable ``(Request, Response) -> None``
     max_body_bytes : int
         Larger request bodies get 413 with an OpenAI error body.
+    max_header_bytes : int
+        Larger request heads (target and header names and values, bytes) get 431.
     """
 
     def __init__(self, handler: Handler, max_body_bytes: int = 64 * 1024 * 1024,
                  request_read_timeout_s: float = 30.0, keepalive_timeout_s: float = 75.0,
-                 send_timeout_s: float = 0.0) -> None:
+                 send_timeout_s: float = 0.0, max_header_bytes: int = 64 * 1024) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        #: a request head (target + header names and values) above this gets 431
+        self.max_header_bytes = max_header_bytes
         self.request_read_timeout_s = request_read_timeout_s
         self.keepalive_timeout_s = keepalive_timeout_s
         #: a client whose socket stays full this long is cut (0 = never)

@@ -72,3 +72,26 @@ async def test_limit_is_configurable():
     async with cluster(fbs=[FB(behave=echo_sha)], max_body_bytes=4 * 1024 * 1024) as (fbs, gw):
         st, _, _ = await http(gw.port, "POST", "/v1/completions", body)
         assert st == 200
+
+
+@run_async
+async def test_a_whole_upload_over_the_limit_reads_its_413_not_a_reset():
+    """A client that sends a body over the limit in full, without Expect, reads the 413 and
+    then the end of the connection: the gateway shuts its side and drops the rest of the
+    upload (a close with the upload unread would reset the connection, and a reset can
+    destroy the answer before it is read)."""
+    async with cluster(fbs=[FB(behave=echo_sha)], max_body_bytes=65536) as (fbs, gw):
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+            body = b"x" * (4 * 1024 * 1024)
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                         b"application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+            try:
+                await writer.drain()
+            except ConnectionError:
+                pass
+            raw = await asyncio.wait_for(reader.read(-1), 10)   # ConnectionResetError: failed
+            writer.close()
+            assert raw.startswith(b"HTTP/1.1 413 "), raw[:200]
+            assert b"larger than the limit" in raw
+        assert not fbs[0].log                   # nothing of it reached the engine

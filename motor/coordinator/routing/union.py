@@ -112,13 +112,16 @@ class Opened:
 
 
 class Retry:
-    """One attempt failed before anything reached the client: try another endpoint."""
+    """One attempt failed before anything reached the client: try another endpoint.
+    ``busy``: the endpoint had no room for it (no free pooled connection within
+    ``pool_wait_s``, or at its cap): when every attempt ends so, the answer is 503."""
 
-    __slots__ = ("error", "answer")
+    __slots__ = ("error", "answer", "busy")
 
-    def __init__(self, error: str, answer: Whole | None = None) -> None:
+    def __init__(self, error: str, answer: Whole | None = None, busy: bool = False) -> None:
         self.error = error
         self.answer = answer
+        self.busy = busy
 
 
 def prepare_traced(policy: Policy, obs: Obs, info: RequestInfo, route: str,
@@ -269,6 +272,7 @@ class UnionPath(RequestPath):
         last_error = "no attempt made"
         last_answer: Whole | None = None
         n_tried = 0
+        busy = True     # every attempt so far found its engine without room
         for attempt in range(s.max_attempts):
             if attempt:
                 await s.pause(attempt)
@@ -312,10 +316,14 @@ class UnionPath(RequestPath):
                 obs.event("motor.retry", {"motor.attempt": attempt, "motor.endpoint": ep.url,
                                           "motor.reason": res.error})
             last_error = res.error
+            busy = busy and res.busy
             if res.answer is not None:
                 last_answer = res.answer
         if last_answer is not None:
             return last_answer
+        if n_tried and busy:        # every engine tried was full, none failed: overloaded
+            return Fail(503, f"every engine tried was busy after {n_tried} attempt(s): "
+                             f"{last_error}; please retry", 1)
         return Fail(502 if n_tried else 503,
                     f"no engine could take the request after {n_tried} attempt(s): {last_error}")
 
@@ -360,7 +368,8 @@ class UnionPath(RequestPath):
         lease = ep.lease(load.tokens, info.prefill_tokens, load.decode_tokens)
         if ep.max_inflight and ep.over_cap():   # another worker took its last slot just now
             lease.release()
-            return Retry(f"{ep.url} at its limit of {ep.max_inflight} requests in flight")
+            return Retry(f"{ep.url} at its limit of {ep.max_inflight} requests in flight",
+                         busy=True)
         self.policy.routed(ep, info)
         if self.policy.learns_ttft:
             lease.watch(self.policy.watch(ep, info))
@@ -387,7 +396,7 @@ class UnionPath(RequestPath):
                                      f"{e.timeout_s:g} s")
                 metrics.RETRIES.labels(reason).inc()
                 logger.debug("attempt on %s failed: %s", ep.url, e)
-                return Retry(failure_text(ep, e))
+                return Retry(failure_text(ep, e), busy=reason == "pool_wait")
             finally:
                 ep.waiting.discard(w)
             status = up.status

@@ -170,7 +170,7 @@ CASES: dict[str, tuple[bytes, list[int]]] = {
     # llhttp completes the message before it pauses for the upgrade: the handler was started,
     # so the 400 is not written, the connection is closed (the reference's behaviour)
     "upgrade": (b"GET /info HTTP/1.1\r\n" + H + b"connection: upgrade\r\nupgrade: websocket\r\n"
-                b"\r\n", []),
+                b"\r\n", [200]),      # answered as HTTP/1.1 (Upgrade ignored), then closed
     "upgrade-post": (b"POST /echo HTTP/1.1\r\n" + H + b"connection: upgrade\r\nupgrade: h2c\r\n"
                      b"content-length: 200000\r\n\r\n", [413]),
     "content-length-over": (b"POST /echo HTTP/1.1\r\n" + H + b"content-length: 1001\r\n\r\n",
@@ -201,7 +201,15 @@ CASES: dict[str, tuple[bytes, list[int]]] = {
     "expect-over-limit": (b"POST /echo HTTP/1.1\r\n" + H + b"expect: 100-continue\r\n"
                           b"content-length: 5000\r\n\r\n", [413]),
     "too-many-pipelined": (b"GET /sleep HTTP/1.1\r\n" + H + b"\r\n" * 1
-                           + (b"GET /info HTTP/1.1\r\n" + H + b"\r\n") * 70, []),
+                           + (b"GET /info HTTP/1.1\r\n" + H + b"\r\n") * 70,
+                           [200] * 65 + [429]),    # the accepted ones answered, then the 429
+    "bad-after-good": (b"GET /info HTTP/1.1\r\n" + H + b"\r\n" + b"BLAH\r\n\r\n", [200, 400]),
+    "close-then-more": (b"GET /info HTTP/1.1\r\n" + H + b"connection: close\r\n\r\n"
+                        + b"GET /info HTTP/1.1\r\n" + H + b"\r\n", [200]),
+    "slow-then-bad": (b"GET /sleep HTTP/1.1\r\n" + H + b"\r\n" + b"GET /x HTTP/9.9\r\n\r\n",
+                      [200, 400]),
+    "head-over-limit": (b"GET /info HTTP/1.1\r\n" + H + b"x-big: " + b"a" * 70000 + b"\r\n\r\n",
+                        [431]),
 }
 
 

@@ -132,6 +132,7 @@ def err(e: BaseException) -> tuple[Any, ...]:
 
 
 OK_5 = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Up: A\r\nx-up: b\r\n\r\nhello"
+OK_BYE = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nbye"
 CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" \
                b"transfer-encoding: chunked\r\n\r\n"
 
@@ -247,7 +248,14 @@ CASES: dict[str, tuple[list[Script], Scenario, dict[str, Any]]] = {
                            ("req",), ("send", OK_5)]],
                          sequential("read", "read", "read"), {}),
     "interim-100": ([[("req",), ("send", b"HTTP/1.1 100 Continue\r\n\r\n" + OK_5), ("req",),
-                      ("send", OK_5)]], sequential("read", "read"), {}),
+                      ("send", OK_BYE)]], sequential("read", "read"), {}),
+    "interim-103-alone": ([[("req",), ("send", b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n"),
+                            ("pause", 0.02), ("send", OK_5), ("req",),
+                            ("send", b"HTTP/1.1 100 Continue\r\n\r\n"), ("pause", 0.02),
+                            ("send", OK_BYE)]], sequential("read", "read"), {}),
+    "switching-protocols": ([[("req",), ("send", b"HTTP/1.1 101 Switching Protocols\r\n"
+                                                 b"connection: upgrade\r\nupgrade: x\r\n\r\n"),
+                              ("hang",)]], sequential("read"), {}),
     "closed-mid-body": ([[("req",), ("send", b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n"
                                              b"abcd"), ("pause", 0.01), ("close",)]],
                         sequential("read"), {}),
@@ -396,6 +404,12 @@ def test_expected_observations() -> None:
         assert "'timeout', 'first byte', 0.05" in text
         text, _, _, _ = await play("compiled", *CASES["idle-timeout"][:2])
         assert "'timeout', 'idle', 0.05" in text
+        for case in ("interim-100", "interim-103-alone"):    # a 1xx is not the answer
+            text, _, conns, _ = await play("compiled", *CASES[case][:2])
+            assert conns == 1 and "100" not in text and "103" not in text, text
+            assert text.index("b'hello'") < text.index("b'bye'"), text
+        text, _, _, _ = await play("compiled", *CASES["switching-protocols"][:2])
+        assert "request-error" in text or "body-error" in text, text
         text, _, _, _ = await play("compiled", *CASES["close-delimited"][:2])
         assert "b'abcd'" in text
         scripts, scen, kw = CASES["pool-wait-timeout"]
