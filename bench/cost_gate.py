@@ -221,16 +221,22 @@ def measure_proxy(python: str, figure: str) -> int:
             if ok != PROXY_REQUESTS:
                 raise GateError(f"{figure}: {PROXY_REQUESTS - ok} request(s) failed")
         finally:
-            for p in (coord, backend):
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGTERM)
-            for p in (coord, backend):
-                try:
-                    p.wait(120)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(10)
+            stop_groups((coord, backend), 120)
         return round(_totals(out) / PROXY_REQUESTS)
+
+
+def stop_groups(procs: tuple[subprocess.Popen[bytes], ...], wait_s: float) -> None:
+    """SIGTERM the process group of each of ``procs`` still running, wait up to ``wait_s``
+    seconds for each, then SIGKILL its group."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
 
 
 def measure(python: str, names: list[str], fast_dir: str | None) -> dict[str, int]:

@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost_gate import FAST_BACKEND, GateError, _env, _free_port, _load, _wait_ready  # noqa: E402
+from cost_gate import (FAST_BACKEND, GateError, _env, _free_port, _load,  # noqa: E402
+                       _wait_ready, stop_groups)
 
 WARMUP = 300
 
@@ -141,15 +141,7 @@ def measure(python: str, workers: int, stream: bool, n: int, keep: str | None,
         if ok != n:
             raise GateError(f"{n - ok} request(s) failed")
     finally:
-        for p in (coord, backend):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in (coord, backend):
-            try:
-                p.wait(300)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
+        stop_groups((coord, backend), 300)
     tot = _file_totals(tmp)
     print(f"workers={workers} {'stream' if stream else 'non-stream'}: {n} requests in "
           f"{wall:.1f} s under valgrind (+ {wall:.1f} s idle)")

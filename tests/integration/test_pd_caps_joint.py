@@ -10,12 +10,11 @@ from typing import Any
 import orjson
 import pytest
 
-from motor.config.schema import Role
 from motor.coordinator import metrics
 from motor.sim.engine import EngineConfig
-from motor.sim.options import PdOptions, SimOptions
 from motor.sim.server import SimServer
 from tests.support.gateway import Gateway, http, run_async
+from tests.support.pd_sims import pd_cluster, stop_pd
 
 N = 2
 MODES = ["pd_prefill_first", "pd_decode_first", "pd_bootstrap"]
@@ -24,35 +23,10 @@ MODES = ["pd_prefill_first", "pd_decode_first", "pd_bootstrap"]
 async def cluster(mode: str, hook: Any = None, **cfg: Any
                   ) -> tuple[Gateway, list[SimServer], list[tuple]]:
     """``hook(sim)``: called as each request reaches a sim, before it is served."""
-    sims, seen = [], []
-    for role in ("prefill", "prefill", "decode", "decode"):
-        s = SimServer(SimOptions(port=0, role=role, model="m",
-                                 engine=EngineConfig(time_scale=1.0, max_num_seqs=N),
-                                 pd=PdOptions(bootstrap_timeout_s=10.0)))
-        orig = s._handle
-
-        async def handle(req: Any, resp: Any, orig: Any = orig, role: str = role,
-                         s: SimServer = s) -> None:
-            if req.path.startswith("/v1/") and req.method == b"POST":
-                seen.append((role, orjson.loads(req.body)))
-                if hook is not None:
-                    hook(s)
-            await orig(req, resp)
-        s._handle = handle  # type: ignore[method-assign]
-        await s.start()
-        sims.append(s)
-    backends = [(Role.PREFILL if s.opts.role == "prefill" else Role.DECODE, "127.0.0.1", s.port)
-                for s in sims]
-    gw = await Gateway(backends, mode=mode, **cfg).start()
-    if mode == "pd_decode_first":
-        gw.coord.path.metaserver_url = f"http://127.0.0.1:{gw.port}/v1/metaserver"
-    return gw, sims, seen
+    return await pd_cluster(mode, EngineConfig(time_scale=1.0, max_num_seqs=N), hook, **cfg)
 
 
-async def stop(gw: Gateway, sims: list[SimServer]) -> None:
-    await gw.stop()
-    for s in sims:
-        await s.stop(0.2)
+stop = stop_pd
 
 
 @pytest.mark.parametrize("joint", [False, True])

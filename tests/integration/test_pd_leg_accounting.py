@@ -13,9 +13,9 @@ import pytest
 from motor.config.schema import Role
 from motor.coordinator import metrics
 from motor.sim.engine import EngineConfig
-from motor.sim.options import PdOptions, SimOptions
 from motor.sim.server import SimServer
 from tests.support.gateway import Gateway, http, run_async
+from tests.support.pd_sims import pd_cluster, stop_pd
 
 MODES = ["pd_prefill_first", "pd_decode_first", "pd_bootstrap"]
 
@@ -23,33 +23,12 @@ MODES = ["pd_prefill_first", "pd_decode_first", "pd_bootstrap"]
 async def cluster(mode: str, hook: Any = None, max_model_len: int = 4096, **cfg: Any
                   ) -> tuple[Gateway, list[SimServer]]:
     """``hook(sim)``: called as each request reaches a sim, before it is served."""
-    sims = []
-    for role in ("prefill", "prefill", "decode", "decode"):
-        s = SimServer(SimOptions(port=0, role=role, model="m",
-                                 engine=EngineConfig(time_scale=1.0, max_model_len=max_model_len),
-                                 pd=PdOptions(bootstrap_timeout_s=10.0)))
-        if hook is not None:
-            orig = s._handle
-
-            async def handle(req: Any, resp: Any, orig: Any = orig, s: SimServer = s) -> None:
-                if req.path.startswith("/v1/") and req.method == b"POST":
-                    hook(s)
-                await orig(req, resp)
-            s._handle = handle  # type: ignore[method-assign]
-        await s.start()
-        sims.append(s)
-    backends = [(Role.PREFILL if s.opts.role == "prefill" else Role.DECODE, "127.0.0.1", s.port)
-                for s in sims]
-    gw = await Gateway(backends, mode=mode, **cfg).start()
-    if mode == "pd_decode_first":
-        gw.coord.path.metaserver_url = f"http://127.0.0.1:{gw.port}/v1/metaserver"
+    gw, sims, _ = await pd_cluster(mode, EngineConfig(time_scale=1.0, max_model_len=max_model_len),
+                                   hook, **cfg)
     return gw, sims
 
 
-async def stop(gw: Gateway, sims: list[SimServer]) -> None:
-    await gw.stop()
-    for s in sims:
-        await s.stop(0.2)
+stop = stop_pd
 
 
 async def post(gw: Gateway, body: dict[str, Any]) -> tuple[int, bytes]:
