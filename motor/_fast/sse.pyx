@@ -118,6 +118,14 @@ cdef inline int _utf8(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexce
     return k
 
 
+#: 1 for the bytes a string takes as they are (printable ASCII but ``"`` and ``\\``): the
+#: string scan skips runs of them with one table read a byte
+cdef unsigned char _PLAIN[256]
+cdef int _b
+for _b in range(256):
+    _PLAIN[_b] = 1 if 0x20 <= _b < 0x80 and _b != CH_QUOTE and _b != CH_BACKSLASH else 0
+
+
 cdef Py_ssize_t _string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
                         bint *esc) noexcept nogil:
     """``p[i]`` is a string's opening quote: the offset after its closing quote, -1 when
@@ -127,6 +135,10 @@ cdef Py_ssize_t _string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
     cdef int u, h, k, j
     i += 1
     while i < n:
+        while _PLAIN[p[i]]:     # the run of plain bytes (the common case: all of it)
+            i += 1
+            if i >= n:
+                return -1
         c = p[i]
         if c == CH_QUOTE:
             return i + 1

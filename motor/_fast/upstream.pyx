@@ -104,6 +104,14 @@ cdef class Conn:
     cdef readonly bint keep_alive
     cdef bint counted_out
     cdef bint interim
+    # the wait's bound (:meth:`_arm`): loop time it expires (0: none), what it raises, and
+    # the one timer of this connection, armed at ``timer_at``, that checks it
+    cdef object loop
+    cdef double deadline
+    cdef object due_phase
+    cdef object due_s
+    cdef object timer_h
+    cdef double timer_at
 
     def __init__(self, Pool pool not None):
         if _UpstreamClosed is None:
@@ -113,6 +121,8 @@ cdef class Conn:
         self.parser = _HttpResponseParser(self)
         self.closed = False
         self.counted_out = False
+        self.loop = None
+        self.timer_h = None
         self._reset()
 
     cdef _reset(self):
@@ -128,6 +138,7 @@ cdef class Conn:
         self.got_bytes = False
         self.keep_alive = True
         self.interim = False
+        self.deadline = 0.0
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport):
@@ -155,6 +166,7 @@ cdef class Conn:
 
     def connection_lost(self, exc):
         self.closed = True
+        self._stop_timer()
         self.pool._forget(self)
         if not self.complete and self.error is None:
             if self.headers_done and not self.parser.should_keep_alive() \
@@ -221,22 +233,60 @@ cdef class Conn:
         if w is not None and not w.done():
             w.set_result(None)
 
-    def _on_timeout(self, phase, timeout_s):
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_exception(_UpstreamTimeout(phase, timeout_s))
-
     cdef object _waiter(self):
         """A new future that the next wake sets (first step of ``wait``)."""
-        self.waiter = w = _get_running_loop().create_future()
+        if self.loop is None:
+            self.loop = _get_running_loop()
+        self.waiter = w = self.loop.create_future()
         return w
 
-    cdef object _timer(self, object timeout_s, str phase):
-        """The timer that raises ``UpstreamTimeout(phase, timeout_s)`` into the waiter (None
-        when ``timeout_s`` is None or 0); the waiting code cancels it when woken."""
-        if timeout_s:
-            return _get_running_loop().call_later(timeout_s, self._on_timeout, phase, timeout_s)
-        return None
+    cdef _arm(self, object timeout_s, str phase):
+        """Bound the wait that starts now: ``UpstreamTimeout(phase, timeout_s)`` goes into the
+        waiter when no wake came within ``timeout_s`` seconds (None or 0: no bound); the
+        waiting code calls :meth:`_disarm` when woken.
+
+        One timer per connection, not one per wait: a later deadline than the armed timer's
+        is checked when it fires (and the timer re-armed for the rest); only an earlier one
+        re-arms it now. A keep-alive connection's requests and a stream's chunks move the
+        deadline forward without making a timer each (a uvloop ``TimerHandle`` and its
+        cancel cost about as much as the rest of a chunk's relay)."""
+        if not timeout_s:
+            self.deadline = 0.0
+            return
+        loop = self.loop
+        d = loop.time() + timeout_s
+        self.deadline = d
+        self.due_phase = phase
+        self.due_s = timeout_s
+        if self.timer_h is None or self.timer_at > d:
+            if self.timer_h is not None:
+                self.timer_h.cancel()
+            self.timer_at = d
+            self.timer_h = loop.call_at(d, self._on_timer)
+
+    cdef inline _disarm(self):
+        self.deadline = 0.0
+
+    def _on_timer(self):
+        """The connection's timer: the wait's deadline passed (its timeout into the waiter),
+        moved later (armed again for it), or no wait is bounded now (nothing)."""
+        self.timer_h = None
+        d = self.deadline
+        if d == 0.0 or self.closed:
+            return
+        if self.loop.time() < d:
+            self.timer_at = d
+            self.timer_h = self.loop.call_at(d, self._on_timer)
+            return
+        self.deadline = 0.0
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_exception(_UpstreamTimeout(self.due_phase, self.due_s))
+
+    cdef _stop_timer(self):
+        if self.timer_h is not None:
+            self.timer_h.cancel()
+            self.timer_h = None
 
     async def wait(self, timeout_s, phase):
         """Wait for the next callback (headers, body, end, error, close) or the timeout.
@@ -244,17 +294,17 @@ cdef class Conn:
         Raises ``UpstreamTimeout(phase, timeout_s)`` when ``timeout_s`` (seconds, None or 0 =
         no bound) passes first."""
         w = self._waiter()
-        h = self._timer(timeout_s, phase)
+        self._arm(timeout_s, phase)
         try:
             await w
         finally:
             self.waiter = None
-            if h is not None:
-                h.cancel()
+            self._disarm()
 
     cpdef close(self):
         """Close the transport (once); the connection counts as closed from now on."""
         self.closed = True
+        self._stop_timer()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
@@ -327,13 +377,12 @@ cdef class UpstreamResponse:
                 return data
             c = self._conn
             w = c._waiter()
-            h = c._timer(self._idle_timeout_s, _IDLE)
+            c._arm(self._idle_timeout_s, _IDLE)
             try:
                 await w
             finally:
                 c.waiter = None
-                if h is not None:
-                    h.cancel()
+                c._disarm()
 
     def __aiter__(self):
         return self._iter()
@@ -358,13 +407,12 @@ cdef class UpstreamResponse:
                 continue
             c = self._conn
             w = c._waiter()
-            h = c._timer(self._idle_timeout_s, _IDLE)
+            c._arm(self._idle_timeout_s, _IDLE)
             try:
                 await w
             finally:
                 c.waiter = None
-                if h is not None:
-                    h.cancel()
+                c._disarm()
 
     cdef _finish(self):
         if self._done:
@@ -555,13 +603,12 @@ cdef class Pool:
                     if conn.error is not None:
                         raise conn.error
                     w = conn._waiter()
-                    h = conn._timer(first_byte_timeout_s, _FIRST_BYTE)
+                    conn._arm(first_byte_timeout_s, _FIRST_BYTE)
                     try:
                         await w
                     finally:
                         conn.waiter = None
-                        if h is not None:
-                            h.cancel()
+                        conn._disarm()
             except _UpstreamClosed as e:
                 conn.close()
                 self._drop(conn)

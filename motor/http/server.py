@@ -28,7 +28,7 @@ import ssl
 import struct
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from http import HTTPStatus
 from urllib.parse import parse_qs
 
@@ -43,7 +43,22 @@ except ImportError:  # pragma: no cover - the extension is not built
 
 logger = logging.getLogger(__name__)
 
-Handler = Callable[["Request", "Response"], Awaitable[None]]
+Handler = Callable[["Request", "Response"], Awaitable[object]]
+
+
+class _Answered:
+    """An awaitable that is already done: what a handler returns when it answered without
+    awaiting anything (a 400, a 404): no coroutine made for it."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        return
+        yield       # a generator that ends at once: ``await ANSWERED`` is None
+
+
+#: the done awaitable (:class:`_Answered`)
+ANSWERED = _Answered()
 Headers = Iterable[tuple[bytes, bytes]]
 
 _STATUS_LINES: dict[int, bytes] = {}
@@ -778,7 +793,9 @@ class Router:
             return fn
         return deco
 
-    async def __call__(self, req: Request, resp: Response) -> None:
+    def __call__(self, req: Request, resp: Response) -> Awaitable[object]:
+        """Answer ``req``: returns what to await, the route's handler's own awaitable (no
+        coroutine layer of the router's on the hot path), or :data:`ANSWERED`."""
         by_method = self._routes.get(req.path)
         if by_method is None:
             by_method = self._by_prefix(req.path) if self._prefixes else None
@@ -788,9 +805,9 @@ class Router:
                     if b"GET" in methods:
                         methods.add(b"HEAD")
                     resp.send(200, headers=((b"allow", b", ".join(sorted(methods))),))
-                    return
+                    return ANSWERED
                 resp.send(404, error_body(404, f"no route for {req.path}"))
-                return
+                return ANSWERED
         h = by_method.get(req.method)
         if h is None:
             if req.method == b"HEAD" and b"GET" in by_method:
@@ -800,8 +817,8 @@ class Router:
                 allowed = ", ".join(sorted(m.decode() for m in by_method))
                 resp.send(405, error_body(405, f"method {req.method.decode()} not allowed on "
                                                f"{req.path} (allowed: {allowed})"))
-                return
-        await h(req, resp)
+                return ANSWERED
+        return h(req, resp)
 
 
 def install_uvloop() -> None:

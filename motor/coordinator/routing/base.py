@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Protocol
 
 import orjson
@@ -31,7 +31,7 @@ from motor.coordinator.endpoints import EndpointState
 from motor.coordinator.observe import CURRENT, Obs
 from motor.coordinator.policy import RequestInfo
 from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
-from motor.http.server import Request, Response
+from motor.http.server import ANSWERED, Request, Response
 from motor.protocol.openai import MAX_REQUEST_ID_BYTES, error_body, max_tokens_of
 
 JSON = b"application/json"
@@ -41,6 +41,16 @@ FORWARD_HEADERS = frozenset((b"authorization", b"content-type", b"accept", b"ope
                              b"openai-project", b"traceparent", b"tracestate"))
 
 Headers = tuple[tuple[bytes, bytes], ...]
+
+#: the request ids motor makes up: 128 bits of a generator seeded from ``os.urandom`` when
+#: the process starts (its own state in each worker: they are spawned, not forked)
+_ids = random.Random(os.urandom(32)).getrandbits
+
+
+def new_request_id() -> bytes:
+    """A made-up ``X-Request-Id``: 32 lower-case hex digits (as ``uuid4().hex``, without
+    ``uuid4``'s object and ``getrandom`` system call per request); unique, not secret."""
+    return b"%032x" % _ids(128)
 
 
 class Settings:
@@ -176,19 +186,6 @@ class ObservedRoute(Route):
             obs.status = status
 
 
-class _Answered:
-    """An awaitable that is already done: what a path's ``handle`` returns when it answered
-    without awaiting anything (a 400, a 404)."""
-
-    __slots__ = ()
-
-    def __await__(self) -> Generator[None, None, None]:
-        return
-        yield       # a generator that ends at once: ``await ANSWERED`` is None
-
-
-#: the done awaitable (:class:`_Answered`)
-ANSWERED = _Answered()
 
 
 class RequestPath:
@@ -317,7 +314,7 @@ def parse_request(s: Settings, route: Route, req: Request, resp: Response,
         elif k == session_header and v:
             session = v
     if rid is None:
-        rid = uuid.uuid4().hex.encode()
+        rid = new_request_id()
     fwd.append((b"x-request-id", rid))
     if s.worker_auth is not None:
         fwd.append((b"authorization", s.worker_auth))
@@ -464,10 +461,16 @@ def past_prefill(block: bytes) -> bool:
     """Whether a block of whole SSE events holds one that follows the prefill: anything
     but keep-alive comments and the chat role preamble (``delta`` = role + empty content,
     which vLLM and SGLang send with the first token but ``motor sim`` sends on arrival)."""
-    for ev in block.split(b"\n\n"):
-        ev = ev.strip()
+    i = 0
+    n = len(block)
+    while i < n:       # event by event, not split whole: the answer is almost always the first
+        j = block.find(b"\n\n", i)
+        if j < 0:
+            j = n
+        ev = block[i:j].strip()
         if ev and not ev.startswith(b":") and _ROLE_PREAMBLE not in ev:
             return True
+        i = j + 2
     return False
 
 

@@ -407,7 +407,9 @@ class UnionPath(RequestPath):
                 return Opened(ep, up, ctype, lease)
             try:
                 async with up:
-                    data = await read_whole(up, s.idle_timeout_s)
+                    # opened with the idle timeout as its step (not a stream), silence is
+                    # the compiled read's own timeout: no step counting needed
+                    data = await (read_whole(up, s.idle_timeout_s) if stream else up.read())
                 if status < 400 and lease.watcher is not None:
                     lease.answered()
             except UpstreamTimeout as e:
