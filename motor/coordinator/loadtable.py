@@ -36,6 +36,11 @@ A worker that died is replaced with its row reset (:meth:`LoadTable.reset_row`, 
 the supervisor before the new worker starts): the dead worker's in-flight load is gone
 with it.
 
+The cells :meth:`LoadTable.cell` makes, and :meth:`LoadTable.totals`, are compiled
+(:mod:`motor._fast.loadcell`: same words, same rules, a few loads and stores where the
+Python :class:`LoadCell` below, the reference used without the extension, does about
+twenty memoryview item operations per request).
+
 With one worker (the default) there is no table: endpoints keep plain per-process
 counters (:class:`motor.coordinator.endpoints.EndpointState`), and
 :func:`load_columns` reads those.
@@ -50,12 +55,17 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from motor.coordinator.shm import attach_segment, create_segment, segment_path, unlink_segment
+
+try:
+    from motor._fast import loadcell as _loadcell
+except ImportError:  # pragma: no cover - the extension is not built
+    _loadcell = None  # type: ignore[assignment]
 
 MAGIC = 0x6D6F746F726C6474  # "motorldt"
 LAYOUT_VERSION = 1
@@ -110,6 +120,11 @@ class LoadTable:
         self._row_gen_mv = memoryview(mm)[base:base + 8 * nw * ns].cast("Q")
         base += 8 * nw * ns
         self._load_mv = memoryview(mm)[base:base + 8 * nw * ns * N_LOAD].cast("q")
+        # the compiled cells' view of the same words (None: _fast not built, the Python
+        # LoadCell and totals read the memoryviews above)
+        self._cmap = None if _loadcell is None else \
+            _loadcell.Mapping(mm, nw, ns, 8 * (HEADER_WORDS + ns), base)
+        self._ccell = None if _loadcell is None else _loadcell.LoadCell
 
     # -- lifecycle ------------------------------------------------------------------
     @staticmethod
@@ -157,6 +172,8 @@ class LoadTable:
             return
         for a in ("gen", "row_gen", "load", "eng_seq", "engine"):
             setattr(self, a, None)
+        if self._cmap is not None:
+            self._cmap.release()   # the compiled cells raise ValueError from now on
         for mv in (self._gen_mv, self._row_gen_mv, self._load_mv):
             mv.release()
         try:
@@ -187,12 +204,25 @@ class LoadTable:
         self.row_gen[worker] = 0
 
     def cell(self, worker: int, slot: int, gen: int) -> LoadCell:
+        """Worker ``worker``'s cell of ``slot`` at generation ``gen``: the compiled
+        :class:`motor._fast.loadcell.LoadCell` (same interface and effects) when built,
+        the Python :class:`LoadCell` otherwise.
+
+        Raises
+        ------
+        ValueError
+            for a worker, slot or generation out of range.
+        """
+        if self._ccell is not None:
+            return cast(LoadCell, self._ccell(self, worker, slot, gen))
         return LoadCell(self, worker, slot, gen)
 
     # -- reads -------------------------------------------------------------------------
     def totals(self, slot: int, gen: int) -> tuple[int, int, int, int]:
         """(in-flight requests, tokens, prefill tokens, decode tokens) of ``slot`` at
         generation ``gen``, summed over workers."""
+        if self._cmap is not None:
+            return self._cmap.totals(slot, gen)
         rg = self._row_gen_mv
         ld = self._load_mv
         ns = self.n_slots
@@ -234,7 +264,9 @@ class LoadTable:
 
 
 class LoadCell:
-    """Worker ``worker``'s cell of one endpoint (slot at generation ``gen``)."""
+    """Worker ``worker``'s cell of one endpoint (slot at generation ``gen``): the
+    pure-Python reference of :class:`motor._fast.loadcell.LoadCell`, which
+    :meth:`LoadTable.cell` makes when the extension is built."""
 
     __slots__ = ("_b", "_ld", "_rg", "_ri", "gen", "slot", "table", "worker")
 

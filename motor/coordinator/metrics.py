@@ -11,6 +11,11 @@ from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from motor.config.schema import Role
+from motor.coordinator import mpvalues
+
+# one process: prometheus values without the library's per-update lock (mpvalues); before
+# the first metric is made (multiprocess mode: the children install theirs before import)
+mpvalues.install_in_process()
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 

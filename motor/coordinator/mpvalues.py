@@ -30,6 +30,16 @@ reads the files back through the library's collector, so a change there fails th
 Install it with :func:`install` before the first metric is made (that is, before
 :mod:`motor.coordinator.metrics` is imported): prometheus-client makes each value with
 ``prometheus_client.values.ValueClass``, chosen at its import from the environment.
+
+When :mod:`motor._fast.metricvalue` is built, the value's update is compiled
+(:class:`motor._fast.metricvalue.MmapValue`: the same 16 bytes at the same offset of the
+file's current mapping, from C); the Python class here is the reference used otherwise.
+
+One process (no ``PROMETHEUS_MULTIPROC_DIR``): :func:`install_in_process` (called by
+:mod:`motor.coordinator.metrics` before its first metric) replaces the library's
+``MutexValue`` with :class:`motor._fast.metricvalue.LocalValue`, a float updated by one C
+``+=`` under the GIL (atomic for every thread, so no lock); without the extension the
+library's class stays.
 """
 from __future__ import annotations
 
@@ -40,13 +50,57 @@ from typing import Any
 from prometheus_client import values
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
+try:
+    from motor._fast import metricvalue as _metricvalue
+except ImportError:  # pragma: no cover - the extension is not built
+    _metricvalue = None  # type: ignore[assignment]
+
 _PACK = struct.Struct("dd").pack
 
 
-def fast_value_class(directory: str, pid: int) -> type:
+def fast_value_class(directory: str, pid: int, compiled: bool | None = None) -> type:
     """A value class writing to ``<directory>/<type>_<pid>.db`` (the files of
-    prometheus-client's ``MultiProcessValue`` for process ``pid``)."""
+    prometheus-client's ``MultiProcessValue`` for process ``pid``).
+
+    ``compiled``: whether the updates are the compiled ones
+    (:class:`motor._fast.metricvalue.MmapValue`); None: when the extension is built.
+
+    Raises
+    ------
+    ImportError
+        ``compiled=True`` without the extension.
+    """
     files: dict[str, MmapedDict] = {}
+
+    def _file(typ: str, multiprocess_mode: str) -> MmapedDict:
+        prefix = f"{typ}_{multiprocess_mode}" if typ == "gauge" else typ
+        f = files.get(prefix)
+        if f is None:
+            f = files[prefix] = MmapedDict(os.path.join(directory, f"{prefix}_{pid}.db"))
+        return f
+
+    if compiled is None:
+        compiled = _metricvalue is not None
+    if compiled:
+        if _metricvalue is None:
+            raise ImportError("motor._fast.metricvalue is not built")
+
+        class FastMmapedValueC(_metricvalue.MmapValue):
+            """A float kept in this process's multiprocess file, written at every change
+            (compiled update)."""
+
+            __slots__ = ()
+
+            def __init__(self, typ: str, metric_name: str, name: str, labelnames: Any,
+                         labelvalues: Any, help_text: str, multiprocess_mode: str = "",
+                         **kwargs: Any) -> None:
+                f = _file(typ, multiprocess_mode)
+                key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
+                v, ts = f.read_value(key)   # places the key (may grow and remap the file)
+                self.bind(f, f._positions[key], v, ts)
+
+        FastMmapedValueC.__name__ = FastMmapedValueC.__qualname__ = "FastMmapedValue"
+        return FastMmapedValueC
 
     class FastMmapedValue:
         """A float kept in this process's multiprocess file, written at every change."""
@@ -57,10 +111,7 @@ def fast_value_class(directory: str, pid: int) -> type:
         def __init__(self, typ: str, metric_name: str, name: str, labelnames: Any,
                      labelvalues: Any, help_text: str, multiprocess_mode: str = "",
                      **kwargs: Any) -> None:
-            prefix = f"{typ}_{multiprocess_mode}" if typ == "gauge" else typ
-            f = files.get(prefix)
-            if f is None:
-                f = files[prefix] = MmapedDict(os.path.join(directory, f"{prefix}_{pid}.db"))
+            f = _file(typ, multiprocess_mode)
             self._file = f
             self._key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
             # places the key in the file (may grow and remap it: the offset stays)
@@ -119,4 +170,19 @@ def install() -> bool:
     return True
 
 
-__all__ = ["fast_value_class", "install"]
+def install_in_process() -> bool:
+    """One process (no ``PROMETHEUS_MULTIPROC_DIR``): make every prometheus value from now
+    on a :class:`motor._fast.metricvalue.LocalValue` (no lock, module docstring) instead of
+    the library's ``MutexValue``; returns whether it was installed (not in multiprocess
+    mode, not without the extension, not over another class someone installed)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") or _metricvalue is None:
+        return False
+    if values.ValueClass is _metricvalue.LocalValue:
+        return True
+    if values.ValueClass is not values.MutexValue:
+        return False
+    values.ValueClass = _metricvalue.LocalValue
+    return True
+
+
+__all__ = ["fast_value_class", "install", "install_in_process"]

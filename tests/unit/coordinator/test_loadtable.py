@@ -1,7 +1,9 @@
 """The shared-memory load table: one writer per row, column sums, slot generations,
-row reset, engine figures under a seqlock."""
+row reset, engine figures under a seqlock; every test runs with the compiled cells
+(motor._fast.loadcell) and with the pure-Python reference, which must agree."""
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 
@@ -12,12 +14,35 @@ from hypothesis import strategies as st
 
 from motor.config.schema import Role
 from motor.coordinator.endpoints import EndpointState
+from motor.coordinator import loadtable
 from motor.coordinator.loadtable import LoadTable, load_columns
 from motor.http.client import Client
 
+_COMPILED = loadtable._loadcell
+
+
+@contextlib.contextmanager
+def _impl(name: str):
+    """Tables made inside use the compiled cells ("compiled") or the Python reference."""
+    saved = loadtable._loadcell
+    loadtable._loadcell = _COMPILED if name == "compiled" else None
+    try:
+        yield
+    finally:
+        loadtable._loadcell = saved
+
+
+IMPLS = ["python"] + (["compiled"] if _COMPILED is not None else [])
+
+
+@pytest.fixture(params=IMPLS, autouse=True)
+def impl(request):
+    with _impl(request.param):
+        yield request.param
+
 
 @pytest.fixture
-def table():
+def table(impl):
     t = LoadTable.create(f"motor-test-lt-{uuid.uuid4().hex[:12]}", n_workers=3, n_slots=8)
     try:
         yield t
@@ -159,6 +184,12 @@ _event = st.tuples(st.sampled_from(["start", "end", "first", "retire", "restart"
 @settings(max_examples=150, deadline=None)
 @given(st.lists(_event, max_size=120))
 def test_counters_return_to_zero_property(events):
+    for name in IMPLS:
+        with _impl(name):
+            _counters_return_to_zero(events)
+
+
+def _counters_return_to_zero(events):
     t = LoadTable.create(f"motor-test-lt-{uuid.uuid4().hex[:12]}", n_workers=3, n_slots=4)
     try:
         live: list[list] = []                           # [cell, tokens, prefill left, decode]
@@ -217,3 +248,58 @@ def test_counters_return_to_zero_property(events):
         t.close()
         t.unlink()
     assert not os.path.exists(f"/dev/shm/{t.name}")
+
+
+@pytest.mark.skipif(_COMPILED is None, reason="motor._fast.loadcell is not built")
+def test_compiled_and_reference_cells_share_the_words():
+    """A compiled cell and a Python one over two mappings of one segment: each sees the
+    other's counts (same layout), and the reference's generation rules hold for both."""
+    with _impl("compiled"):
+        t = LoadTable.create(f"motor-test-lt-{uuid.uuid4().hex[:12]}", n_workers=2, n_slots=3)
+    try:
+        with _impl("python"):
+            ref = LoadTable.attach(t.name)
+        try:
+            c, p = t.cell(0, 2, 1), ref.cell(1, 2, 1)
+            assert type(c).__module__ == "motor._fast.loadcell"
+            assert type(p) is loadtable.LoadCell
+            c.acquire(10, 4, 6)
+            p.acquire(20, 8, 12)
+            assert t.totals(2, 1) == ref.totals(2, 1) == (2, 30, 12, 18)
+            assert c.totals() == p.totals() == (2, 30, 12, 18)
+            c.prefill_done(4)
+            assert p.totals() == (2, 30, 8, 18) and c.mine() == (1, 10, 0, 6)
+            g = ref.retire(2)
+            assert c.totals() == (2, 30, 8, 18)      # still counted for generation 1
+            assert t.totals(2, g) == (0, 0, 0, 0)
+            c.release(10, 0, 6)
+            p.release(20, 8, 12)
+            assert t.totals(2, 1) == (0, 0, 0, 0)
+        finally:
+            ref.close()
+    finally:
+        t.close()
+        t.unlink()
+
+
+@pytest.mark.skipif(_COMPILED is None, reason="motor._fast.loadcell is not built")
+def test_compiled_cell_errors():
+    with _impl("compiled"):
+        t = LoadTable.create(f"motor-test-lt-{uuid.uuid4().hex[:12]}", n_workers=2, n_slots=3)
+    try:
+        for bad in ((2, 0, 1), (0, 3, 1), (0, 0, 0), (-1, 0, 1)):
+            with pytest.raises(ValueError, match="out of range"):
+                t.cell(*bad)
+        c = t.cell(1, 1, 1)
+        with pytest.raises(TypeError):
+            c.acquire(1.5, 0, 0)                     # counts are integers (as the reference)
+        with pytest.raises(IndexError):
+            t.totals(3, 1)
+        with pytest.raises(ValueError, match="does not fit"):
+            _COMPILED.Mapping(bytearray(64), 2, 3, 64, 64)
+    finally:
+        t.close()
+        t.unlink()
+    with pytest.raises(ValueError, match="closed"):
+        c.acquire(1, 0, 0)                           # unmapped: an error, never a write
+    assert c.table._cmap.closed

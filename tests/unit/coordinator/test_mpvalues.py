@@ -1,6 +1,8 @@
 """The coordinator's multiprocess value class: the files it writes read back through
 prometheus-client's multiprocess collector like the library's own, summed with another
-process's, across file growth; installed only where no value of this process exists."""
+process's, across file growth; installed only where no value of this process exists.
+Every file test runs with the compiled update (motor._fast.metricvalue) and with the
+Python reference. The one-process value (no lock) counts like the library's."""
 from __future__ import annotations
 
 import os
@@ -14,6 +16,13 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from motor.coordinator import mpvalues
 from motor.coordinator.mpvalues import fast_value_class
 
+try:
+    from motor._fast import metricvalue
+except ImportError:  # pragma: no cover - the extension is not built
+    metricvalue = None  # type: ignore[assignment]
+
+COMPILED = [False] + ([True] if metricvalue is not None else [])
+
 
 def _samples(d) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     reg = CollectorRegistry()
@@ -22,10 +31,11 @@ def _samples(d) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             for m in reg.collect() for s in m.samples}
 
 
-@pytest.fixture
-def fast(monkeypatch, tmp_path):
+@pytest.fixture(params=COMPILED, ids=lambda c: "compiled" if c else "python")
+def fast(monkeypatch, tmp_path, request):
     """``values.ValueClass`` replaced by the fast class for pid 4242 in ``tmp_path``."""
-    monkeypatch.setattr(values, "ValueClass", fast_value_class(str(tmp_path), 4242))
+    monkeypatch.setattr(values, "ValueClass",
+                        fast_value_class(str(tmp_path), 4242, compiled=request.param))
     return tmp_path
 
 
@@ -99,3 +109,50 @@ def test_install_only_before_the_first_value(monkeypatch, tmp_path):
     (tmp_path / f"counter_{os.getpid()}.db").unlink()
     assert mpvalues.install()
     assert values.ValueClass.__name__ == "FastMmapedValue"
+
+
+@pytest.mark.skipif(metricvalue is None, reason="motor._fast.metricvalue is not built")
+def test_compiled_value_errors(tmp_path):
+    v = metricvalue.MmapValue()
+    with pytest.raises(ValueError, match="not bound"):
+        v.inc(1)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        v.bind(object(), 4, 0.0, 0.0)
+    cls = fast_value_class(str(tmp_path), 4242, compiled=True)
+    c = cls("counter", "t", "t_total", (), (), "h")
+    c._file.close()                      # a closed mapping: an error, never a write
+    with pytest.raises(ValueError):
+        c.inc(1)
+
+
+@pytest.mark.skipif(metricvalue is None, reason="motor._fast.metricvalue is not built")
+def test_in_process_value_counts_like_the_library(monkeypatch):
+    monkeypatch.setattr(values, "ValueClass", values.MutexValue)   # restored afterwards
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    assert mpvalues.install_in_process()
+    assert values.ValueClass is metricvalue.LocalValue
+    assert mpvalues.install_in_process()                         # idempotent
+    reg = CollectorRegistry()
+    c = Counter("t_requests", "r", ["route"], registry=reg)
+    g = Gauge("t_inflight", "i", registry=reg)
+    h = Histogram("t_e2e", "e", buckets=(0.01, 0.1), registry=reg)
+    c.labels("chat").inc()
+    c.labels("chat").inc(2, exemplar={"trace_id": "abc"})
+    g.inc(3)
+    g.dec()
+    g.set(7.5)
+    for v in (0.005, 0.05, 5.0):
+        h.observe(v)
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for m in reg.collect() for s in m.samples if not s.name.endswith("_created")}
+    assert got[("t_requests_total", (("route", "chat"),))] == 3
+    assert got[("t_inflight", ())] == 7.5
+    assert got[("t_e2e_bucket", (("le", "0.1"),))] == 2
+    assert got[("t_e2e_count", ())] == 3
+    assert got[("t_e2e_sum", ())] == pytest.approx(5.055)
+    ex = [s.exemplar for m in reg.collect() for s in m.samples if s.name == "t_requests_total"]
+    assert ex[0] is not None and ex[0].labels == {"trace_id": "abc"}
+    monkeypatch.setattr(values, "ValueClass", values.MutexValue)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/nonexistent")
+    assert not mpvalues.install_in_process()      # multiprocess mode: the files' class
+    assert values.ValueClass is values.MutexValue

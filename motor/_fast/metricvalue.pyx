@@ -1,0 +1,121 @@
+# cython: language_level=3
+"""Compiled value classes for prometheus-client (its ``values.ValueClass``), installed by
+:mod:`motor.coordinator.mpvalues`.
+
+prometheus-client keeps every counter, gauge and histogram bucket of a metric child in a
+value object made with ``prometheus_client.values.ValueClass``: in one process a
+``MutexValue`` (a float behind a ``threading.Lock``), in multiprocess mode a value written
+to a per-process file at every change. The Python of those classes is most of an update's
+cost (a frame, the lock taken and released, for files a ``struct`` pack and an ``mmap``
+slice assignment).
+
+* :class:`LocalValue`: a float, no lock. An update is one C ``+=`` while the calling
+  thread holds the GIL, which no other thread can interleave with, so updates from several
+  threads are not lost (what the library's lock is for), on the GIL builds of CPython this
+  module is compiled for.
+* :class:`MmapValue`: the multiprocess value's float and timestamp, written (16 bytes:
+  two native doubles, as ``prometheus_client.mmap_dict`` packs them) at the value's offset
+  of its file's *current* mapping at every change. It is a base class:
+  :func:`motor.coordinator.mpvalues.fast_value_class` makes the subclass that opens the
+  files and places the keys (the library's ``MmapedDict``) and calls :meth:`MmapValue.bind`.
+"""
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.string cimport memcpy
+
+
+cdef class LocalValue:
+    """A float of one process (prometheus-client's value interface: ``inc``, ``set``,
+    ``get``, ``set_exemplar``, ``get_exemplar``). Made by prometheus-client with the
+    metric's type, names, label names and values and help text, all ignored."""
+
+    _multiprocess = False
+
+    cdef double _value
+    cdef object _exemplar
+
+    def __init__(self, *args, **kwargs):
+        self._value = 0.0
+        self._exemplar = None
+
+    def inc(self, double amount):
+        self._value += amount
+
+    def set(self, double value, timestamp=None):
+        self._value = value
+
+    def set_exemplar(self, exemplar):
+        self._exemplar = exemplar
+
+    def get(self):
+        return self._value
+
+    def get_exemplar(self):
+        return self._exemplar
+
+
+cdef class MmapValue:
+    """A float (and its timestamp) kept in a multiprocess file at ``pos``: the base of
+    :func:`motor.coordinator.mpvalues.fast_value_class`'s class, bound by :meth:`bind`
+    before its first update."""
+
+    _multiprocess = True
+
+    cdef readonly object _file   # the MmapedDict (read by tests)
+    cdef Py_ssize_t _pos
+    cdef double _vt[2]      # value, timestamp: the 16 bytes written
+
+    def bind(self, file, Py_ssize_t pos, double value, double timestamp):
+        """Write to ``file`` (a ``prometheus_client.mmap_dict.MmapedDict``: its ``_m``
+        attribute is the current mapping, replaced when the file grows) at byte offset
+        ``pos``, starting from ``value`` and ``timestamp``.
+
+        Raises
+        ------
+        ValueError
+            for a negative or misaligned (not a multiple of 8) ``pos``.
+        """
+        if pos < 0 or pos % 8:
+            raise ValueError(f"pos is expected >= 0 and a multiple of 8, got {pos}")
+        self._file = file
+        self._pos = pos
+        self._vt[0] = value
+        self._vt[1] = timestamp
+
+    cdef int _write(self) except -1:
+        cdef Py_buffer view
+        if self._file is None:
+            raise ValueError("the value is not bound to a file (bind)")
+        # the file's current mapping (remapped when the file grows), exported only for
+        # the copy: a closed mapping raises instead of being written
+        m = self._file._m
+        if m is None:
+            raise ValueError("the value's file is closed")
+        PyObject_GetBuffer(m, &view, PyBUF_WRITABLE)
+        try:
+            if self._pos + 16 > view.len:
+                raise ValueError(f"offset {self._pos} past the end of the file's mapping "
+                                 f"({view.len} bytes)")
+            # both doubles in one copy (as the library's struct.pack_into)
+            memcpy(<char *>view.buf + self._pos, self._vt, 16)
+        finally:
+            PyBuffer_Release(&view)
+        return 0
+
+    def inc(self, double amount):
+        self._vt[0] += amount
+        self._vt[1] = 0.0
+        self._write()
+
+    def set(self, double value, timestamp=None):
+        self._vt[0] = value
+        self._vt[1] = timestamp or 0.0
+        self._write()
+
+    def set_exemplar(self, exemplar):
+        return   # not kept in multiprocess mode (as in prometheus-client)
+
+    def get(self):
+        return self._vt[0]
+
+    def get_exemplar(self):
+        return None
