@@ -47,3 +47,25 @@ def test_chat_key(benchmark, sources, source, seen):
         n = itertools.count()
         ids = benchmark(lambda: toks.token_ids("chat", _chat(next(n))))
     assert len(ids) > 200
+
+
+_HARNESS_SYSTEM = "You are a helpful assistant. Answer concisely and accurately. " * 16
+
+
+@pytest.mark.parametrize("source", ["dir", "builtin"])
+def test_block_key_new_user_turn(benchmark, sources, source):
+    """The peer harness's case: a shared ~1 KB system prompt and a new ~110-character user
+    turn each request (its ids, the tokens' block hashes; the system prompt's pieces and
+    hash-chain state cached)."""
+    benchmark.group = f"tokenize.block_key[system=1KB,new user turn,{source}]"
+    toks = Tokenizers({"*": sources[source]})
+    n = itertools.count()
+
+    def body() -> dict:
+        return {"model": "m", "messages": [
+            {"role": "system", "content": _HARNESS_SYSTEM},
+            {"role": "user", "content": f"Question 1-{next(n)}: please summarise the following "
+                                        "text about routers and gateways in two sentences."}]}
+    toks.block_key("chat", body(), 16)
+    count, hashes = benchmark(lambda: toks.block_key("chat", body(), 16))
+    assert count > 1000 and len(hashes) == count // 16

@@ -23,13 +23,19 @@ vLLM engine serving a model made from that directory computes the same ids.
 without any file (:mod:`motor.protocol.chat_tokenizer`: token id = UTF-8 byte value;
 ``<|endoftext|>`` 256, ``<|im_start|>`` 257, ``<|im_end|>`` 258).
 
-Cost on the request path (:class:`Tokenizers`): the token ids of a request are kept in
-an LRU keyed by exactly what they depend on (the tokenizer, and the chat's ``messages``
-with the template's other inputs, or the completion's text prompt), bounded in entries
-and in tokens held; a request seen again (a retry, a PD fallback, a repeated prompt)
-costs one key. A chat's text is cut at the tokenizer's added tokens and each piece's ids
-are kept in a second LRU (:meth:`RoutingTokenizer.encode_chat`): a system prompt or
-earlier turns seen before are not encoded again. Text not cached of at least
+Cost on the request path (:class:`Tokenizers`): the routing key of a request (its token
+count and block hashes, :meth:`Tokenizers.block_key`) is kept in an LRU keyed by exactly
+what it depends on (the tokenizer, and the chat's ``messages`` with the template's other
+inputs, or the completion's text prompt), bounded in entries and in bytes; a request seen
+again (a retry, a PD fallback, a repeated prompt) costs one key (:meth:`Tokenizers.token_ids`
+keeps the ids alike, in its own LRU). A chat's text is cut at the tokenizer's added tokens
+and each piece's ids are kept in a second LRU (:meth:`RoutingTokenizer.encode_chat`): a
+system prompt or earlier turns seen before are not encoded again, and the hash chain's
+state after them is kept too (:meth:`RoutingTokenizer.plan_key`): only the new turn is
+assembled and hashed. With a byte-level BPE (GPT-2's pre-tokenizer), a new ASCII piece is
+cut into its words and only words not seen before go to the BPE model
+(:meth:`RoutingTokenizer.encode_piece`: the library's pre-tokenizer regex costs more than
+the rest of its encode). Text not cached of at least
 :data:`OFF_LOOP_MIN_CHARS` characters is encoded in a bounded thread pool (``tokenizers``
 releases the GIL while it encodes) while the event loop goes on (:meth:`Tokenizers.warm`);
 shorter text inline, where a thread hop would cost more than the encode.
@@ -39,14 +45,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 
+from motor._fast.hashing import block_hashes
 from motor.protocol import chat_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -57,6 +67,16 @@ BUILTIN = "builtin"
 #: each, ~36 bytes a token: 2^19 tokens are ~18 MiB)
 CACHE_MAX_ENTRIES = 4096
 CACHE_MAX_TOKENS = 1 << 19
+#: routing keys (block hashes) kept: requests (:attr:`Tokenizers.keys`) and chat prefixes
+#: per tokenizer (:attr:`RoutingTokenizer.prefixes`)
+KEYS_MAX_ENTRIES = 4096
+PREFIXES_MAX_ENTRIES = 1024
+#: and in size: the request keys' bytes (JSON of the messages) with 8 bytes a block hash,
+#: and the prefixes' characters (the newest entry is always kept)
+KEYS_MAX_BYTES = 1 << 25
+PREFIXES_MAX_CHARS = 1 << 22
+#: words whose ids are kept per generation (:class:`WordCache`; ~150 bytes a word)
+WORDS_MAX = 1 << 15
 #: texts at least this long (characters) are encoded in the thread pool (about 4 KiB of
 #: prompt, ~1k tokens: a few hundred microseconds of encode against ~50 us of thread hop)
 OFF_LOOP_MIN_CHARS = 4096
@@ -96,10 +116,24 @@ class RoutingTokenizer:
         self._template: Any = None
         self._bos: str | None = None
         self._eos: str | None = None
-        #: added tokens' split of a chat's text (:func:`piece_splitter`), None: encoded whole
+        #: added tokens' split of a chat's text (:func:`piece_splitter`, its pattern in a
+        #: capture group), None: encoded whole
         self._split: tuple[re.Pattern[str], dict[str, int]] | None = None
         #: token ids of the pieces between added tokens (chat texts, see chat_ids)
         self.pieces = TokenCache()
+        #: pre-token split of a piece, when its ids are those of its words encoded alone
+        #: (:func:`word_splitter`): ASCII pieces are encoded word by word from :attr:`words`
+        self._words_re: re.Pattern[str] | None = None
+        self._model: Any = None
+        #: token ids of words (pre-tokens) seen in chat pieces, see :meth:`encode_piece`
+        self.words = WordCache()
+        #: hash-chain state after a chat's leading plan elements: (block size, salt,
+        #: *elements) -> (tokens, hashes of their full blocks, ids of the partial block);
+        #: see :meth:`plan_key`
+        self.prefixes: OrderedDict[tuple[object, ...], tuple[int, npt.NDArray[np.uint64],
+                                                             list[int], int]] = OrderedDict()
+        #: characters of the text pieces held by :attr:`prefixes`' keys
+        self.prefix_chars = 0
         if source == BUILTIN:
             return
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -111,12 +145,18 @@ class RoutingTokenizer:
             with open(d / "tokenizer_config.json", encoding="utf-8") as f:
                 cfg = json.load(f)
             with open(d / "tokenizer.json", encoding="utf-8") as f:
-                self._split = piece_splitter(json.load(f))
+                tj = json.load(f)
+            sp = piece_splitter(tj)
+            self._split = None if sp is None else (_capturing(sp[1]), sp[1])
+            self._words_re = word_splitter(tj)
+            self._model = self._tok.model
         except Exception as e:  # noqa: BLE001 - file missing / malformed: one clear error
             raise ValueError(f"tokenizer directory {str(d)!r} is expected to hold tokenizer.json "
                              f"and tokenizer_config.json: {e}") from None
         if self._split is not None and getattr(self._tok, "encode_special_tokens", False):
             self._split = None
+        if self._split is None:
+            self._words_re = None
 
         def token_text(v: Any) -> str | None:
             return v.get("content") if isinstance(v, dict) else v
@@ -139,6 +179,10 @@ class RoutingTokenizer:
             env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, sort_keys=False: \
                 json.dumps(x, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
             self._template = env.from_string(tmpl)
+            # the template's globals are a ChainMap over the environment's (jinja2 3.x); every
+            # render copies them into its context (dict() and set() of the ChainMap: half of
+            # a short chat's render). Nothing changes them after this: one flat dict.
+            self._template.globals = dict(self._template.globals)
 
     # -- text -----------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -196,21 +240,41 @@ class RoutingTokenizer:
         sp = self._split
         if sp is None:
             return None
-        pattern, added = sp
-        plan: list[str | int] = []
-        at = 0
-        for m in pattern.finditer(text):
-            if m.start() > at:
-                plan.append(text[at:m.start()])
-            plan.append(added[m.group()])
-            at = m.end()
-        if at < len(text):
-            plan.append(text[at:])
-        return plan
+        # the split's capture group keeps the added tokens: text, token, text, ..., text
+        parts = sp[0].split(text)
+        added = sp[1]
+        return [added[p] if i & 1 else p for i, p in enumerate(parts) if p]
 
     def encode_pieces(self, pieces: list[str]) -> list[list[int]]:
         """Token ids of each text piece (no cache: safe in a thread)."""
         return [self._tok.encode(p, add_special_tokens=False).ids for p in pieces]
+
+    def encode_piece(self, piece: str) -> list[int]:
+        """Token ids of one text piece of a chat (between added tokens), on the event loop.
+
+        With a :func:`word_splitter` and an ASCII piece, the piece is cut into its
+        pre-tokens (words) and each word's ids come from :attr:`words`; only the words not
+        seen before are encoded: the BPE model alone on the word's bytes in the byte-level
+        alphabet, which is what the ``tokenizers`` pipeline of such a tokenizer does with
+        each pre-token (no normalizer; the model sees one pre-token at a time), so the ids
+        are the piece's. Other pieces are encoded whole."""
+        wre = self._words_re
+        if wre is None or not piece.isascii():
+            ids: list[int] = self._tok.encode(piece, add_special_tokens=False).ids
+            return ids
+        words = self.words
+        cur = words.cur
+        out: list[int] = []
+        for w in wre.findall(piece):
+            got = cur.get(w)
+            if got is None:
+                got = words.get_old(w)
+                if got is None:
+                    got = [t.id for t in self._model.tokenize(w.translate(_BYTE_CHARS))]
+                    words.put(w, got)
+                    cur = words.cur
+            out += got
+        return out
 
     def encode_chat(self, text: str, plan: list[str | int] | None = None) -> list[int]:
         """Token ids of a rendered chat (no special tokens added, as vLLM's chat);
@@ -225,28 +289,73 @@ class RoutingTokenizer:
             plan = self.chat_plan(text)
         if plan is None:
             return self.encode(text, add_special_tokens=False)
-        cache = self.pieces
-        missing = list(dict.fromkeys(p for p in plan if isinstance(p, str) and p not in cache))
-        if missing:
-            for piece, got in zip(missing, self.encode_pieces(missing)):
-                cache.put(piece, got)
         return self.assemble(plan)
 
     def assemble(self, plan: list[str | int]) -> list[int]:
-        """The ids of a :meth:`chat_plan` from the piece cache (a piece it lost is encoded
-        again)."""
+        """The ids of a :meth:`chat_plan` from the piece cache (a piece not there is
+        encoded, :meth:`encode_piece`, and kept)."""
         out: list[int] = []
         cache = self.pieces
+        d = cache._d
         for p in plan:
-            if isinstance(p, int):
+            if type(p) is int:
                 out.append(p)
                 continue
-            got = cache.get(p)
+            got = d.get(p)
             if got is None:
-                got = self.encode_pieces([p])[0]
+                assert isinstance(p, str)
+                cache.misses += 1
+                got = self.encode_piece(p)
                 cache.put(p, got)
-            out.extend(got)
+            else:
+                d.move_to_end(p)
+                cache.hits += 1
+            out += got
         return out
+
+    def plan_key(self, plan: list[str | int], block_size: int,
+                 salt: int = 0) -> tuple[int, npt.NDArray[np.uint64]]:
+        """(token count, block hashes) of a :meth:`chat_plan`: the same as
+        ``block_hashes(self.assemble(plan), block_size, 0, salt)``, without assembling or
+        hashing again the leading elements seen before.
+
+        The plan is cut before its first text piece not in :attr:`pieces` (a shared system
+        prompt, earlier turns: before the new user turn); the hash chain's state after that
+        prefix (its full blocks' hashes and the ids of its last partial block) is kept in
+        :attr:`prefixes`, and only the rest is assembled and hashed, from the prefix's last
+        hash on (``block_hashes``' ``parent``)."""
+        pieces = self.pieces._d
+        cut = len(plan)
+        for i, p in enumerate(plan):
+            if type(p) is str and p not in pieces:
+                cut = i
+                break
+        if not cut:
+            ids = self.assemble(plan)
+            return len(ids), block_hashes(ids, block_size, 0, salt)
+        prefixes = self.prefixes
+        pk = (block_size, salt, *plan[:cut])
+        st = prefixes.get(pk)
+        if st is None:
+            head = self.assemble(plan[:cut])
+            full = len(head) - len(head) % block_size
+            chars = sum(len(p) for p in plan[:cut] if type(p) is str)
+            st = (len(head), block_hashes(head, block_size, 0, salt), head[full:], chars)
+            prefixes[pk] = st
+            self.prefix_chars += chars
+            while len(prefixes) > 1 and (len(prefixes) > PREFIXES_MAX_ENTRIES
+                                         or self.prefix_chars > PREFIXES_MAX_CHARS):
+                self.prefix_chars -= prefixes.popitem(last=False)[1][3]
+        else:
+            prefixes.move_to_end(pk)
+        n0, h0, tail, _ = st
+        rest = self.assemble(plan[cut:]) if cut < len(plan) else []
+        if not len(h0):
+            return n0 + len(rest), block_hashes(tail + rest, block_size, 0, salt)
+        if len(tail) + len(rest) < block_size:
+            return n0 + len(rest), h0
+        h1 = block_hashes(tail + rest, block_size, int(h0[-1]), salt)
+        return n0 + len(rest), np.concatenate((h0, h1))
 
     @property
     def releases_gil(self) -> bool:
@@ -323,6 +432,79 @@ def piece_splitter(tokenizer_json: dict[str, Any]
     return pattern, added
 
 
+def _capturing(added: dict[str, int]) -> re.Pattern[str]:
+    """:func:`piece_splitter`'s pattern in a capture group (``re.split`` keeps the tokens),
+    the tokens' common prefix taken out of the alternation (the same matches; the regex
+    engine then scans for the prefix literally: ``<|`` of ChatML's tokens)."""
+    names = sorted(added, key=len, reverse=True)
+    pre = os.path.commonprefix(names)
+    alts = "|".join(re.escape(c[len(pre):]) for c in names)
+    return re.compile(f"({re.escape(pre)}(?:{alts}))")
+
+
+#: the ``ByteLevel`` pre-tokenizer's split (``use_regex``; GPT-2's pattern, as
+#: ``tokenizers`` has it) for ASCII text: ``\p{L}`` is ``[A-Za-z]`` there, ``\p{N}``
+#: ``[0-9]``, ``\s`` the six ASCII white-space characters (the contractions factored and the
+#: runs possessive: the same matches, fewer steps)
+_BYTE_LEVEL_ASCII = re.compile(
+    r"'(?:[stmd]|re|ve|ll)| ?[A-Za-z]++| ?[0-9]++| ?[^\sA-Za-z0-9]++|\s+(?!\S)|\s+", re.ASCII)
+
+
+#: ASCII characters -> their byte-level alphabet characters (GPT-2's ``bytes_to_unicode``:
+#: printable bytes stand for themselves, the n-th of the others is U+0100 + n; in ASCII
+#: that is 0x00-0x20 -> U+0100-U+0120 and 0x7F -> U+0121), for ``str.translate``
+_BYTE_CHARS = {**{b: 0x100 + b for b in range(0x21)}, 0x7F: 0x121}
+
+
+def word_splitter(tokenizer_json: dict[str, Any]) -> re.Pattern[str] | None:
+    """The pre-token split of ASCII text for a ``tokenizer.json`` whose text pieces encode
+    to the concatenated ids of their pre-tokens encoded one by one (so the ids of a word
+    can be kept and reused, :meth:`RoutingTokenizer.encode_piece`), or ``None``: that is a
+    BPE model without dropout, no normalizer and exactly the ``ByteLevel`` pre-tokenizer
+    with its regex and without ``add_prefix_space`` (GPT-2 and most byte-level BPE models;
+    a ``Split`` pattern of another model is not translated)."""
+    pt = tokenizer_json.get("pre_tokenizer")
+    model = tokenizer_json.get("model")
+    if tokenizer_json.get("normalizer") is not None or not isinstance(pt, dict) \
+            or not isinstance(model, dict):
+        return None
+    if pt.get("type") != "ByteLevel" or not pt.get("use_regex", True) \
+            or pt.get("add_prefix_space", True):
+        return None
+    if model.get("type") != "BPE" or model.get("dropout") not in (None, 0, 0.0):
+        return None
+    return _BYTE_LEVEL_ASCII
+
+
+class WordCache:
+    """Token ids of words (pre-tokens), bounded: two generations of at most ``max_words``
+    each; when the current one is full it becomes the old one (the older is dropped), and a
+    word found in the old one moves to the current one. Reads are one dict lookup."""
+
+    __slots__ = ("max_words", "cur", "old")
+
+    def __init__(self, max_words: int = WORDS_MAX) -> None:
+        self.max_words = max_words
+        self.cur: dict[str, list[int]] = {}
+        self.old: dict[str, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.cur) + len(self.old)
+
+    def get_old(self, word: str) -> list[int] | None:
+        """The ids of ``word`` from the old generation (moved to the current one)."""
+        ids = self.old.pop(word, None)
+        if ids is not None:
+            self.put(word, ids)
+        return ids
+
+    def put(self, word: str, ids: list[int]) -> None:
+        if len(self.cur) >= self.max_words:
+            self.old = self.cur
+            self.cur = {}
+        self.cur[word] = ids
+
+
 #: the chat request fields the template reads besides ``messages`` (the cache key)
 _CHAT_KEY_FIELDS = ("add_generation_prompt", "continue_final_message", "tools", "documents",
                     "chat_template_kwargs")
@@ -335,6 +517,18 @@ def _chat_key(src: str, body: dict[str, Any]) -> bytes | None:
         return orjson.dumps([src, body.get("messages"), *(body.get(k) for k in _CHAT_KEY_FIELDS)])
     except TypeError:
         return None
+
+
+def _key_size(key: object, hashes: npt.NDArray[np.uint64]) -> int:
+    """Bytes a :attr:`Tokenizers.keys` entry holds, about: its key (a chat's JSON bytes, a
+    completion's (tokenizer, prompt text)) and 8 a hash."""
+    if isinstance(key, bytes):
+        n = len(key)
+    elif isinstance(key, tuple):
+        n = sum(len(x) for x in key if isinstance(x, str))
+    else:
+        n = 64
+    return n + 8 * len(hashes)
 
 
 class TokenCache:
@@ -394,13 +588,24 @@ class Tokenizers:
         self._cache: dict[str, RoutingTokenizer] = {}
         #: token ids of recent requests (see the module docstring)
         self.ids = cache if cache is not None else TokenCache()
+        #: routing keys of recent requests (:meth:`block_key`): request key -> (block size,
+        #: salt, tokens, block hashes); ``key_hits`` / ``key_misses`` count lookups
+        self.keys: OrderedDict[object, tuple[int, int, int, npt.NDArray[np.uint64]]] = \
+            OrderedDict()
+        self.key_hits = 0
+        self.key_misses = 0
+        #: bytes held by :attr:`keys` (keys and hashes)
+        self.key_bytes = 0
         self.off_loop_min_chars = off_loop_min_chars
         self.off_loop_threads = off_loop_threads
         self._pool: ThreadPoolExecutor | None = None
-        #: the chat :meth:`warm` rendered and did not hand to the pool: (body, its rendered
-        #: text, its plan), for the :meth:`token_ids` of the same body that follows (one
-        #: jinja render a request, not two); the body is compared by identity
-        self._rendered: tuple[dict[str, Any], str, list[str | int] | None] | None = None
+        #: what :meth:`warm` computed for a body it did not hand to the pool: (body, route,
+        #: tokenizer, cache key, completion prompt, rendered chat text, its plan), for the
+        #: :meth:`token_ids` of the same body that follows (one key and one jinja render a
+        #: request, not two); the body is compared by identity
+        self._rendered: tuple[dict[str, Any], str, RoutingTokenizer, object,
+                              str | list[int] | None, str | None,
+                              list[str | int] | None] | None = None
 
     def get(self, model: str | None) -> RoutingTokenizer:
         src = self.mapping.get(model or "", self.mapping.get("*", BUILTIN))
@@ -427,23 +632,87 @@ class Tokenizers:
         TokenizeError
             when the body cannot be tokenized (the engine will judge the request).
         """
-        tok = self.get(body.get("model"))
-        key, prompt = self._key(tok, route, body)
+        r = self._rendered
+        self._rendered = None
+        text: str | None = None
+        plan: list[str | int] | None = None
+        if r is not None and r[0] is body and r[1] == route:   # warm() saw it just before
+            _, _, tok, key, prompt, text, plan = r
+        else:
+            tok = self.get(body.get("model"))
+            key, prompt = self._key(tok, route, body)
         if key is None:
             return tok.chat_ids(body) if prompt is None else tok.completion_ids(body)
         ids = self.ids.get(key)
         if ids is None:
             if prompt is not None:
                 ids = tok.completion_ids(body)
+            elif text is not None:
+                ids = tok.encode_chat(text, plan)
             else:
-                r = self._rendered
-                if r is not None and r[0] is body:      # warm() rendered it just before
-                    ids = tok.encode_chat(r[1], r[2])
-                else:
-                    ids = tok.chat_ids(body)
+                ids = tok.chat_ids(body)
             self.ids.put(key, ids)
-        self._rendered = None
         return ids
+
+    def block_key(self, route: str, body: dict[str, Any], block_size: int,
+                  salt: int = 0) -> tuple[int, npt.NDArray[np.uint64]]:
+        """The routing key of a request body: (prompt tokens, uint64 hashes of its full
+        blocks of ``block_size`` tokens, ``salt`` folded in), the same as
+        ``block_hashes(self.token_ids(route, body), block_size, 0, salt)``.
+
+        Kept per request in :attr:`keys` (LRU, :data:`KEYS_MAX_ENTRIES`); a chat's leading
+        plan elements seen before are not assembled nor hashed again
+        (:meth:`RoutingTokenizer.plan_key`). The array may be the cache's own: read it.
+
+        Raises
+        ------
+        TokenizeError
+            when the body cannot be tokenized (the engine will judge the request).
+        """
+        r = self._rendered
+        self._rendered = None
+        text: str | None = None
+        plan: list[str | int] | None = None
+        if r is not None and r[0] is body and r[1] == route:   # warm() saw it just before
+            _, _, tok, key, prompt, text, plan = r
+        else:
+            tok = self.get(body.get("model"))
+            key, prompt = self._key(tok, route, body)
+        keys = self.keys
+        if key is not None:
+            got = keys.get(key)
+            if got is not None and got[0] == block_size and got[1] == salt:
+                keys.move_to_end(key)
+                self.key_hits += 1
+                return got[2], got[3]
+            self.key_misses += 1
+        ids = self.ids._d.get(key) if key is not None else None   # the pool encoded it
+        res: tuple[int, npt.NDArray[np.uint64]] | None = None
+        if ids is None:
+            if prompt is not None:
+                ids = tok.completion_ids(body)
+            else:
+                if text is None:
+                    text = tok.render_chat(body)
+                    plan = tok.chat_plan(text)
+                if plan is not None:
+                    res = tok.plan_key(plan, block_size, salt)
+                else:
+                    ids = tok.encode_chat(text, None)
+        if res is None:
+            assert ids is not None
+            res = (len(ids), block_hashes(ids, block_size, 0, salt))
+        if key is not None:
+            old = keys.pop(key, None)
+            if old is not None:
+                self.key_bytes -= _key_size(key, old[3])
+            keys[key] = (block_size, salt, res[0], res[1])
+            self.key_bytes += _key_size(key, res[1])
+            while len(keys) > 1 and (len(keys) > KEYS_MAX_ENTRIES
+                                     or self.key_bytes > KEYS_MAX_BYTES):
+                k, v = keys.popitem(last=False)
+                self.key_bytes -= _key_size(k, v[3])
+        return res
 
     def warm(self, route: str, body: dict[str, Any]) -> asyncio.Future[Any] | None:
         """Start encoding a long request in the thread pool (the running loop's executor
@@ -451,13 +720,19 @@ class Tokenizers:
         them (the future's own result is not the ids). ``None`` when there is nothing to
         wait for: cached, short (what is not cached under :attr:`off_loop_min_chars`
         characters), a token-id prompt, a tokenizer that holds the GIL (``builtin``), or a
-        body that cannot be tokenized (:meth:`token_ids` says why)."""
+        body that cannot be tokenized (:meth:`token_ids` says why). What it computed for a
+        body it returns ``None`` for (cache key, rendered chat) is kept for the
+        :meth:`token_ids` of the same body that follows."""
+        self._rendered = None
         try:
             tok = self.get(body.get("model"))
             if not tok.releases_gil:
                 return None
             key, prompt = self._key(tok, route, body)
-            if key is None or key in self.ids:
+            if key is None:
+                return None
+            if key in self.keys or key in self.ids:
+                self._rendered = (body, route, tok, key, prompt, None, None)
                 return None
             plan = None
             if prompt is None:
@@ -468,6 +743,16 @@ class Tokenizers:
                 text = prompt
         except (TokenizeError, ValueError):
             return None
+        if plan is not None:
+            pieces = tok.pieces
+            if sum(len(p) for p in plan if type(p) is str and p not in pieces) \
+                    < self.off_loop_min_chars:
+                self._rendered = (body, route, tok, key, None, text, plan)
+                return None
+        elif len(text) < self.off_loop_min_chars:
+            self._rendered = (body, route, tok, key, prompt, text if prompt is None else None,
+                              None)
+            return None
         loop = asyncio.get_running_loop()
         ids_cache = self.ids
         fut: asyncio.Future[Any]
@@ -475,9 +760,6 @@ class Tokenizers:
             # only the pieces not cached go to the pool; the caches are touched on the loop
             missing = list(dict.fromkeys(p for p in plan
                                          if isinstance(p, str) and p not in tok.pieces))
-            if sum(map(len, missing)) < self.off_loop_min_chars:
-                self._rendered = (body, text, plan)
-                return None
             fut = loop.run_in_executor(self._executor(), tok.encode_pieces, missing)
 
             def keep_pieces(f: asyncio.Future[list[list[int]]]) -> None:
@@ -487,10 +769,6 @@ class Tokenizers:
                     ids_cache.put(key, tok.assemble(plan))
             fut.add_done_callback(keep_pieces)
             return fut
-        if len(text) < self.off_loop_min_chars:
-            if prompt is None:
-                self._rendered = (body, text, None)
-            return None
         fut = loop.run_in_executor(self._executor(), tok.encode, text, prompt is not None)
 
         def keep(f: asyncio.Future[list[int]]) -> None:

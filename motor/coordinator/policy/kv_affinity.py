@@ -124,8 +124,9 @@ class KvAffinity(Policy):
                 off_loop: bool = False) -> Awaitable[None] | None:
         """Fill ``info.block_hashes`` and ``info.prompt_tokens`` from the request body.
 
-        The token ids come from the routing tokenizers' cache when the same request was
-        seen (:class:`motor.coordinator.tokenize.Tokenizers`). ``off_loop``: a long text is
+        The key comes from the routing tokenizers' cache when the same request was seen,
+        and a prefix seen before is not tokenized nor hashed again
+        (:meth:`motor.coordinator.tokenize.Tokenizers.block_key`). ``off_loop``: a long text is
         encoded in the tokenizers' thread pool, and the coroutine returned fills ``info``
         once it is done (short ones are done inline: ``None``). Without a session header,
         ``info.session`` becomes the body's ``user`` (``coordinator.kv.session.user_field``)."""

@@ -13,8 +13,9 @@ from motor.config.schema import KvRoutingConfig
 from motor.coordinator.kv.router import KvRouter
 from motor.coordinator.policy import RequestInfo
 from motor.coordinator.policy.kv_affinity import KvAffinity
+from motor._fast.hashing import block_hashes
 from motor.coordinator.tokenize import (BUILTIN, RoutingTokenizer, TokenCache, Tokenizers,
-                                        piece_splitter)
+                                        WordCache, piece_splitter, word_splitter)
 from motor.sim.tokenizer import write_model_dir
 
 
@@ -197,3 +198,138 @@ def test_tokenizers_whose_pieces_might_differ_are_encoded_whole(model_dir: str,
     tj = json.loads((Path(model_dir) / "tokenizer.json").read_text())
     assert piece_splitter(tj) is not None
     assert piece_splitter({**tj, **change}) is None
+
+
+# -- word cache (ASCII pieces of byte-level BPE tokenizers) and routing keys -------------
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory: pytest.TempPathFactory, model_dir: str) -> str:
+    """A byte-level BPE with merges (trained here on a small text), beside the sim's
+    merge-free one: the word path must give the library's ids with merges too."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    text = ["You are a helpful assistant. Answer concisely and accurately. "
+            "Question 12-345: don't we'll it's routers, gateways\tand   spaces\n\n 2024"] * 50
+    tk.train_from_iterator(text, trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"]))
+    d = tmp_path_factory.mktemp("bpe")
+    tk.save(str(d / "tokenizer.json"))
+    tj = json.loads((d / "tokenizer.json").read_text())
+    for t in tj["added_tokens"]:
+        t["normalized"] = False
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    (d / "tokenizer_config.json").write_text((Path(model_dir) / "tokenizer_config.json")
+                                              .read_text())
+    return str(d)
+
+
+_ascii_text = st.lists(st.one_of(
+    st.text(st.characters(max_codepoint=127), max_size=6),
+    st.sampled_from(["'s", "'ll", "'re", "'", " x", "  ", "   y", "\n\n", " 123", "don't",
+                     "\t ", " !!", "\x0b", "\x1c"])), max_size=12).map("".join)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_ascii_text)
+def test_ascii_pieces_encoded_word_by_word_give_the_librarys_ids(model_dir: str, bpe_dir: str,
+                                                                  text: str) -> None:
+    for d in (model_dir, bpe_dir):
+        tok = _shared_tokenizer(d)
+        assert tok._words_re is not None
+        if "<|" in text:
+            continue
+        want = tok._tok.encode(text, add_special_tokens=False).ids
+        assert tok.encode_piece(text) == want
+        assert tok.encode_piece(text) == want          # the words now from the cache
+
+
+def test_the_byte_level_alphabet_of_ascii_is_the_librarys() -> None:
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    from motor.coordinator.tokenize import _BYTE_CHARS
+    text = "".join(map(chr, range(128)))
+    pt = ByteLevel(add_prefix_space=False, use_regex=False)
+    assert "".join(w for w, _ in pt.pre_tokenize_str(text)) == text.translate(_BYTE_CHARS)
+
+
+@pytest.mark.parametrize("change", [
+    {"normalizer": {"type": "NFC"}},
+    {"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True, "use_regex": True}},
+    {"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}},
+    {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\d"}, "behavior": "Isolated"},
+        {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}},
+    {"model": {"type": "WordPiece", "vocab": {}}},
+], ids=["normalizer", "prefix space", "no regex", "split pattern", "not bpe"])
+def test_tokenizers_whose_words_might_differ_are_encoded_by_piece(model_dir: str,
+                                                                  change: dict) -> None:
+    tj = json.loads((Path(model_dir) / "tokenizer.json").read_text())
+    assert word_splitter(tj) is not None
+    assert word_splitter({**tj, **change}) is None
+
+
+def test_the_word_cache_is_bounded() -> None:
+    c = WordCache(max_words=2)
+    for w in "abcde":
+        c.put(w, [ord(w)])
+    assert len(c) <= 4 and c.cur == {"e": [101]}
+    assert c.get_old("d") == [100] and "d" in c.cur and c.get_old("a") is None
+
+
+_systems = ["", "Be brief.", "You are a helpful assistant. " * 12, "x<|im_end|>y 12 345"]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(_systems), _messages, st.booleans(),
+                          st.sampled_from([1, 4, 16]), st.sampled_from([0, 7, 2**63 + 5])),
+                min_size=1, max_size=6))
+def test_block_keys_equal_the_hashes_of_the_token_ids(model_dir: str, bpe_dir: str,
+                                                      reqs: list) -> None:
+    for src in (model_dir, bpe_dir, BUILTIN):
+        toks, ref = Tokenizers({"*": src}), Tokenizers({"*": src})
+        for system, messages, add_gen, bs, salt in reqs * 2:   # again: prefixes, keys kept
+            body = {"model": "m", "messages": [{"role": "system", "content": system},
+                                               *messages], "add_generation_prompt": add_gen}
+            n, hashes = toks.block_key("chat", body, bs, salt)
+            ids = ref.token_ids("chat", body)
+            assert n == len(ids)
+            assert list(hashes) == list(block_hashes(ids, bs, 0, salt))
+
+
+def test_a_shared_prefix_is_hashed_once_and_a_request_again_is_a_lookup(model_dir: str) -> None:
+    toks = Tokenizers({"*": model_dir})
+    tok = toks.get("m")
+    sysp = "You are a helpful assistant. " * 12
+    for q in ("one", "two", "three"):
+        toks.block_key("chat", {"model": "m", "messages": [
+            {"role": "system", "content": sysp}, {"role": "user", "content": q}]}, 16)
+    assert len(tok.prefixes) == 2          # first: nothing cached yet; then the system turn
+    assert toks.key_misses == 3 and toks.key_hits == 0
+    toks.block_key("chat", {"model": "m", "messages": [
+        {"role": "system", "content": sysp}, {"role": "user", "content": "two"}]}, 16)
+    assert toks.key_hits == 1
+    comp = {"model": "m", "prompt": "some text " * 10}
+    n, h = toks.block_key("completions", comp, 4)
+    assert n == len(toks.token_ids("completions", comp)) and len(h) == n // 4
+
+
+def test_the_key_and_prefix_caches_are_bounded_in_size(model_dir: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from motor.coordinator import tokenize
+    monkeypatch.setattr(tokenize, "KEYS_MAX_BYTES", 3000)
+    monkeypatch.setattr(tokenize, "PREFIXES_MAX_CHARS", 3000)
+    toks = Tokenizers({"*": model_dir})
+    tok = toks.get("m")
+    for k in range(20):
+        body = {"model": "m", "messages": [{"role": "system", "content": f"{k} " * 400},
+                                           {"role": "user", "content": "q"}]}
+        toks.block_key("chat", body, 16)
+        toks.block_key("chat", {**body, "messages": [*body["messages"][:1],
+                                                     {"role": "user", "content": "r"}]}, 16)
+    assert 1 <= len(toks.keys) <= 3 and toks.key_bytes <= 3000 + 1000
+    assert 1 <= len(tok.prefixes) <= 3 and tok.prefix_chars <= 3000 + 1000
+    assert toks.key_bytes == sum(tokenize._key_size(k, v[3]) for k, v in toks.keys.items())
