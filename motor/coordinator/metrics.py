@@ -32,14 +32,6 @@ REQUESTS = Counter(
     "Requests answered, by route and HTTP status sent to the client "
     "(a stream that ended with an SSE error event counts under the error's status).",
     ["route", "status"], registry=REGISTRY)
-TTFT = Histogram(
-    "motor_coordinator_time_to_first_token_seconds",
-    "Request received -> first byte of the answer's body sent to the client (streams).",
-    ["route"], buckets=_LAT_BUCKETS, registry=REGISTRY)
-E2E = Histogram(
-    "motor_coordinator_e2e_request_latency_seconds",
-    "Request received -> last byte of the answer sent.",
-    ["route"], buckets=_LAT_BUCKETS, registry=REGISTRY)
 INFLIGHT = Gauge(
     "motor_coordinator_inflight_requests",
     "Requests in flight per endpoint.", ["instance", "endpoint"], registry=REGISTRY)
@@ -151,6 +143,16 @@ def _histogram(name: str, documentation: str, labelnames: list[str],
     return LoopHistogram(name, documentation, labelnames, buckets, REGISTRY)
 
 
+# observed on every request: a LoopHistogram in one process (no locks), a Histogram with
+# several workers (_histogram)
+TTFT = _histogram(
+    "motor_coordinator_time_to_first_token_seconds",
+    "Request received -> first byte of the answer's body sent to the client (streams).",
+    ["route"], _LAT_BUCKETS)
+E2E = _histogram(
+    "motor_coordinator_e2e_request_latency_seconds",
+    "Request received -> last byte of the answer sent.",
+    ["route"], _LAT_BUCKETS)
 INSTANCE_TTFT = _histogram(
     "motor_coordinator_instance_time_to_first_token_seconds",
     "Request received -> first byte of the answer's body sent to the client, by the instance "
