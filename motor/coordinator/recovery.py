@@ -47,6 +47,7 @@ of a continuation (rewritten: ``id``, usage, chat reshaping), takes the JSON pat
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -568,7 +569,8 @@ class Verdict:
 
 def after_leg(rec: StreamRecovery | None, err: BaseException | None, *, legs: int,
               max_continuations: int, wrote_any: bool, path: bytes, raw: bytes = b"",
-              why_not: str = "", max_model_len: int | None = None) -> Verdict:
+              why_not: str = "",
+              max_model_len: Callable[[], int | None] | None = None) -> Verdict:
     """The one failover decision, once a leg's events are relayed.
 
     ``rec``: the stream's recovery state (``None``: not continuable, ``why_not`` says
@@ -576,8 +578,9 @@ def after_leg(rec: StreamRecovery | None, err: BaseException | None, *, legs: in
     it ends the stream with 504 before asking); ``legs``: continuations so far;
     ``wrote_any``: whether an event reached the client; ``path`` / ``raw``: the request to
     send again when a stream without recovery broke before its first event;
-    ``max_model_len``: the engine's context length when known (a continuation of a request
-    without a length bound asks for the rest of it).
+    ``max_model_len``: returns the engines' context length when known (a continuation of a
+    request without a length bound asks for the rest of it); called only to build a
+    continuation (a lookup over the endpoints, not made for every stream that ends).
 
     A stream without recovery ends when its engine ended it, is restarted whole while
     nothing reached the client, else refused. A recoverable one ends at ``[DONE]`` or after
@@ -624,7 +627,7 @@ def after_leg(rec: StreamRecovery | None, err: BaseException | None, *, legs: in
     rem = rec.remaining()
     if rem is not None and rem <= 0:
         return Verdict(END, reason, engine_ok, rec.length_tail())
-    path, body = rec.continuation(path, max_model_len)
+    path, body = rec.continuation(path, None if max_model_len is None else max_model_len())
     if not wrote_any and reason == "broken":
         reason = "restart"
     return Verdict(CONTINUE, reason, engine_ok, path=path, body=body)

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import math
 import time
+from functools import partial
 from typing import Any
 
 import orjson
@@ -770,7 +771,7 @@ class PdPath(RequestPath):
         resp, route = ctx.resp, ctx.route
         v = after_leg(rec, err, legs=ctx.legs, max_continuations=self.s.max_continuations,
                       wrote_any=ctx.wrote, path=ctx.path,
-                      max_model_len=self.table.context_length(ctx.model))
+                      max_model_len=partial(self.table.context_length, ctx.model))
         settle_leg(ep, err, v.engine_ok)
         if v.action == END and err is None:
             resp.end(v.tail or b"")

@@ -29,6 +29,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from motor.config.schema import Role
@@ -491,7 +492,7 @@ class UnionPath(RequestPath):
             return 504
         v = after_leg(rec, err, legs=legs, max_continuations=self.s.max_continuations,
                       wrote_any=wrote_any, path=route.path, raw=p.raw, why_not=why_not,
-                      max_model_len=self.table.context_length(p.model))
+                      max_model_len=partial(self.table.context_length, p.model))
         settle_leg(ep, err, v.engine_ok)
         if v.action == END and err is None:
             resp.end(v.tail or b"")
