@@ -2,7 +2,8 @@
 (``coordinator.pd.joint``; docs/pd.md, "Joint choice").
 
 One cost in seconds over every (prefill P, decode D) pair and, with ``local_prefill``,
-every decode instance alone (:func:`motor._fast.pairs.pick_pair` has the formula)::
+every decode instance alone (:func:`motor._fast.pairs.pick_pair` has the formula,
+:func:`motor._fast.pairs.pick_joint` computes it in the decision)::
 
     pair(P, D) = predicted prefill time on P (its queued prefill tokens + this request's
                  tokens not cached on P, at P's learned rates)
@@ -52,11 +53,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from motor._fast.pairs import pick_pair
+from motor._fast.pairs import pick_joint
 from motor.config.schema import CoordinatorConfig
 from motor.coordinator.kv.router import MAX_INSTANCES, KvRouter
 from motor._fast.columns import gather, uncached
-from motor.coordinator.loadtable import Columns, load_columns
+from motor.coordinator.loadtable import load_columns
 from motor.coordinator.policy.base import RequestInfo
 from motor.coordinator.policy.ttft import RateModel, TtftWatch
 
@@ -207,28 +208,6 @@ class PairChooser:
                 info.prompt_tokens, info.block_hashes = key
                 info.prefill_tokens = info.prompt_tokens
 
-    def _uncached(self, cands: list[EndpointState], info: RequestInfo
-                  ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp],
-                             npt.NDArray[np.float64], Columns]:
-        """(uncached tokens, rate slots, cached share, (prefill tokens, decode tokens,
-        requests) in flight) per candidate: one prefix match, one compiled gather."""
-        r = self.router
-        k = len(cands)
-        h = info.block_hashes
-        m = r.match(h, info.model) if h is not None and len(h) else None
-        local = getattr(cands[0], "shared", None) is None
-        slots, ov, loads, missing, _ = gather(cands, r.slot_map, m, local)
-        if missing:                 # an endpoint new to KV routing: give it a slot
-            for e in cands:
-                r.slot(e.key)
-            slots, ov, loads, missing, _ = gather(cands, r.slot_map, m, local)
-        cols = (loads[0], loads[1], loads[2]) if loads is not None else load_columns(cands)
-        prompt = float(info.prompt_tokens)
-        if m is None:
-            return np.full(k, prompt), slots, np.zeros(k), cols
-        unc, share = uncached(ov, prompt, r.block_size, self.credit)
-        return unc, slots, share, cols
-
     def _place(self, e: EndpointState) -> tuple[int, int]:
         """(node id, rack id) of ``e`` for :meth:`transfer_matrix`, as :func:`closeness`
         compares them: a labelled endpoint's node is its label and its rack the label's
@@ -285,47 +264,69 @@ class PairChooser:
             return None
         local = local and self.local_prefill
         n_p = len(ps)
-        unc, slots, share, (queued, _, running) = self._uncached(ps + ds, info)  # both roles
+        cands = ps + ds                                         # both roles
+        r = self.router
+        h = info.block_hashes
+        m = r.match(h, info.model) if h is not None and len(h) else None
+        slots, ov, queued, running = self._columns(cands, m)
         rates = self.rates.rates(slots)
-        p_unc, d_unc, d_share = unc[:n_p], unc[n_p:], share[n_p:]
-        p_queued, d_queued = queued[:n_p], queued[n_p:]
-        p_running, d_running = running[:n_p], running[n_p:]
-        p_slots = slots[:n_p]
-        p_rates, d_rates = rates[:n_p], rates[n_p:]
         xfer = self._transfer(ps, ds)
         start = self._next
         self._next = start + 1
-        p_work = p_queued + p_unc
         handoff = self.handoff_s
-        # slices of C-contiguous columns and of the rates' rows: contiguous, as pick_pair wants
-        pi, di, cost, pair_s, local_s = pick_pair(
-            p_work, p_running, p_rates, d_queued, d_unc, d_running, d_rates, xfer,
-            float(info.max_tokens), self.chunk_tokens, local, self.stall_weight, start,
-            p_unc, handoff)
+        # one compiled pass: the uncached tokens, the columns' roles, the argmin
+        pi, di, cost, pair_s, local_s, d_unc, d_share, p_unc, xs = pick_joint(
+            n_p, ov if m is not None else None, float(info.prompt_tokens), r.block_size,
+            self.credit, queued, running, rates, xfer, float(info.max_tokens),
+            self.chunk_tokens, local, self.stall_weight, start, handoff)
         if di < 0:
             return None
         d = ds[di]
-        rd = d_rates[di]
+        j = n_p + di
+        rd = rates[j].tolist()
+        dq, dr = float(queued[j]), float(running[j])
         if pi < 0:
-            reason = "cached_on_decode" if d_share[di] >= CACHED_SHARE else "short_prompt"
+            reason = "cached_on_decode" if d_share >= CACHED_SHARE else "short_prompt"
             ch = Choice(None, d, reason, cost)
-            ch.d_ttft_s = self._ttft(float(d_queued[di] + d_unc[di]), float(d_running[di]), rd)
-            ch.queued = (0.0, float(d_queued[di]))
+            ch.d_ttft_s = self._ttft(dq + d_unc, dr, rd)
+            ch.queued = (0.0, dq)
         else:
             ch = Choice(ps[pi], d, reason or ("cost" if local else "local_off"), cost)
-            ch.p_uncached = int(p_unc[pi])
-            ch.p_ttft_s = self._ttft(float(p_work[pi]), float(p_running[pi]), p_rates[pi])
-            ch.d_ttft_s = float(xfer[pi, di] * d_unc[di] + rd[0] + rd[2] * d_running[di]
-                                + rd[1] * d_queued[di])
-            ch.queued = (float(p_queued[pi]), float(d_queued[di]))
+            pq, pr = float(queued[pi]), float(running[pi])
+            ch.p_uncached = int(p_unc)
+            ch.p_ttft_s = self._ttft(pq + p_unc, pr, rates[pi].tolist())
+            ch.d_ttft_s = xs * d_unc + rd[0] + rd[2] * dr + rd[1] * dq
+            ch.queued = (pq, dq)
             if self.learn:
-                ch.p_obs = (int(p_slots[pi]), self.rates.features(
-                    float(p_queued[pi]), float(p_unc[pi]), float(p_running[pi])))
-        ch.d_uncached = int(d_unc[di])
+                ch.p_obs = (int(slots[pi]), self.rates.features(pq, p_unc, pr))
+        ch.d_uncached = int(d_unc)
         if logger.isEnabledFor(logging.DEBUG):
-            self._log(mode, info, ch, ps, ds, p_unc, p_queued, p_running, p_rates, d_unc,
-                      d_queued, d_running, pair_s, local_s, handoff)
+            if m is None:
+                unc = np.full(len(cands), float(info.prompt_tokens))
+            else:
+                unc, _ = uncached(ov, float(info.prompt_tokens), r.block_size, self.credit)
+            self._log(mode, info, ch, ps, ds, unc[:n_p], queued[:n_p], running[:n_p],
+                      rates[:n_p], unc[n_p:], queued[n_p:], running[n_p:], pair_s, local_s,
+                      handoff)
         return ch
+
+    def _columns(self, cands: list[EndpointState], m: npt.NDArray[np.int32] | None
+                 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int32],
+                            npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """(rate slots intp[k], cached blocks int32[k, 3], prefill tokens queued float64[k],
+        requests running float64[k]) per candidate: one compiled gather (two when an
+        endpoint is new to KV routing: it gets a slot)."""
+        r = self.router
+        local = getattr(cands[0], "shared", None) is None
+        slots, ov, loads, missing, _ = gather(cands, r.slot_map, m, local)
+        if missing:                 # an endpoint new to KV routing: give it a slot
+            for e in cands:
+                r.slot(e.key)
+            slots, ov, loads, missing, _ = gather(cands, r.slot_map, m, local)
+        if loads is not None:
+            return slots, ov, loads[0], loads[2]
+        queued, _, running = load_columns(cands)
+        return slots, ov, np.ascontiguousarray(queued), np.ascontiguousarray(running)
 
     def _ttft(self, work: float, running: float, r: Any) -> float:
         """:func:`motor._fast.pairs.pick_pair`'s ``ttft`` of one instance, seconds."""
