@@ -306,6 +306,12 @@ class KvTtftConfig(_Strict):
                                                              "of the same instance")
     prior_weight: float = Field(1.0, gt=0, description="weight of the prior rates in the fit, in "
                                                        "observations")
+    pool_weight: float = Field(
+        16.0, ge=0, description="each instance's fit is shrunk toward the pooled fit of all the "
+                                "instances the policy fits, weighing this many average "
+                                "observations (less as its own accumulate); keeps identical "
+                                "instances from learning apart from the cold-start burst; "
+                                "0 = each fit alone")
     engine_figures_max_age_s: float = Field(
         5.0, gt=0, description="engine-reported waiting / running requests (multi-worker "
                                "scrape) older than this are ignored")

@@ -27,6 +27,32 @@ the request to the engine to its first token (streams) or to the whole answer (t
 client's first byte, as ``motor_coordinator_ttft_seconds`` counts it); failed attempts
 are not observed.
 
+Against the cold-start divergence (issue 19; docs/benchmarks.md, "PD routing"): the first
+wave of requests lands on an instance all at once, their TTFTs hold queueing the features
+explain badly (the wave shares the engine's steps), and a fit to those few observations
+alone priced one of two identical instances far slower; the router then avoided it, so it
+got no observations to correct the fit. Hence shrinkage toward the pooled fit
+(``pool_weight``): each slot's fit has the pooled fit of every slot this model observes as
+its prior, weighing ``pool_weight`` average observations of the pool::
+
+    A_pool = sum_i A_i    b_pool = sum_i b_i    n_pool = sum_i n_i   (n_i <- lam n_i + 1)
+    theta_pool = (A_pool + L0)^-1 (b_pool + L0 theta0)
+    K = pool_weight * A_pool / n_pool
+    theta_i = (A_i + L0 + K)^-1 (b_i + L0 theta0 + K theta_pool)
+
+so the pool's share of a slot's fit falls as the slot's own observations grow (about
+``pool_weight / (pool_weight + n_i)``; ``n_i`` tends to ~1.44 x ``halflife_requests``): an
+avoided instance is priced near its peers, one that is really slower stays slower (in
+``tests/unit/coordinator/test_kv_ttft_burst.py`` a 1.5x slower one is learned about 4 %
+off its truth, the test allows 15 %). ``pool_weight`` 0 is each fit alone. The pool is every slot of this model
+(``kv_affinity``: its candidates; the PD joint choice: the prefill instances, the only
+ones it fits), so instances of different engines behind one policy pull each other's fits
+by that prior too. Every slot's prior moves with the pool: all active slots are refit
+every :data:`REFIT_EVERY` observations of the model (one batched solve), the observed slot
+at each (against the pool as of the last refit). A Huber-like down-weighting of
+observations far off the slot's prediction was tried and dropped: it protected the
+burst-skewed fit from the observations that would correct it (PD benchmark, debug log).
+
 Everything here is plain Python / numpy state of one worker process, updated at request
 end (first token); with ``coordinator.workers`` > 1 each worker learns from its own
 requests.
@@ -46,6 +72,10 @@ from motor.config.schema import KvTtftConfig
 PRIOR_SCALE = (1.0, 8.0, 1000.0)
 #: each learned rate stays >= this share of its prior
 FLOOR = 0.01
+#: with ``pool_weight``: every slot's rates are refit to the pool (its prior moved) every
+#: this many observations of the model; in between, an observation refits its own slot
+#: against the pool's prior as of the last refit
+REFIT_EVERY = 16
 #: observations above this TTFT (s) are clipped (a stuck request is no rate)
 MAX_TTFT_S = 600.0
 
@@ -53,10 +83,17 @@ MAX_TTFT_S = 600.0
 class RateModel:
     """Learned ``(step_s, decode_s_per_seq, prefill_s_per_token)`` per instance slot.
 
+    Each slot's exponentially weighted least-squares fit is shrunk toward the pooled fit
+    of all observed slots (``pool_weight`` average observations, less as the slot's own
+    accumulate): identical instances do not learn far apart from the cold-start burst,
+    really slower ones stay slower (the module docstring has the formulas). One :meth:`observe` is one 3x3 solve and a
+    few small numpy updates; each :data:`REFIT_EVERY`-th adds a batched refit of every
+    active slot.
+
     Parameters
     ----------
     cfg : KvTtftConfig
-        ``coordinator.kv.ttft`` (prior rates, half-life, prior weight, chunk size).
+        ``coordinator.kv.ttft`` (prior rates, half-life, prior and pool weights, chunk size).
     n_slots : int
         Instance slots (:data:`motor.coordinator.kv.router.MAX_INSTANCES`).
     """
@@ -77,6 +114,15 @@ class RateModel:
         # the scorer's column order: (step_s, prefill_s_per_token, decode_s_per_seq)
         self._rates = np.empty((n_slots, 3), np.float64)
         self._rates[:] = self.theta0[[0, 2, 1]]
+        #: shrinkage toward the pooled fit (``pool_weight``), effective observations per slot
+        self.pool_weight = float(c.pool_weight)
+        self._w = np.zeros(n_slots, np.float64)
+        self._a_pool = np.zeros((3, 3), np.float64)
+        self._b_pool = np.zeros(3, np.float64)
+        self._active = np.zeros(0, np.intp)          # slots with observations
+        #: the pool's prior as of the last full refit (L0 + K, L0 theta0 + K theta_pool)
+        self._l0_k, self._rhs_k = self.l0, self.l0_theta0
+        self._since_refit = 0
 
     # -- reads --------------------------------------------------------------------------
     def rates(self, slots: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
@@ -107,21 +153,67 @@ class RateModel:
         xv = np.asarray(x, np.float64)
         a = self._a[slot]
         b = self._b[slot]
-        a *= self.lam
-        a += np.outer(xv, xv)
-        b *= self.lam
-        b += xv * y
+        lam = self.lam
+        if self.pool_weight > 0.0:      # the pool: sums of the slots' sums, kept in step
+            self._a_pool += (lam - 1.0) * a
+            self._b_pool += (lam - 1.0) * b
+        a *= lam
+        xx = np.outer(xv, xv)
+        a += xx
+        b *= lam
+        xy = xv * y
+        b += xy
+        self._w[slot] = lam * self._w[slot] + 1.0
+        if self.n_obs[slot] == 0:
+            self._active = np.union1d(self._active, [slot]).astype(np.intp)
         self.n_obs[slot] += 1
-        theta = np.linalg.solve(a + self.l0, b + self.l0_theta0)
+        if self.pool_weight <= 0.0:
+            theta = np.linalg.solve(a + self.l0, b + self.l0_theta0)
+            np.maximum(theta, self.floor, out=theta)
+            self._rates[slot] = theta[[0, 2, 1]]
+            return
+        self._a_pool += xx
+        self._b_pool += xy
+        self._since_refit += 1
+        if self._since_refit >= REFIT_EVERY or self.n_obs[slot] == 1:
+            self._refit()
+            return
+        theta = np.linalg.solve(a + self._l0_k, b + self._rhs_k)
         np.maximum(theta, self.floor, out=theta)
         self._rates[slot] = theta[[0, 2, 1]]
 
+    def _refit(self) -> None:
+        """Every active slot's rates from its sums and the pool's (the module docstring):
+        the pool's 3x3 solve and a batched one over the active slots (the pool moved, so
+        did every slot's prior)."""
+        self._since_refit = 0
+        act = self._active
+        if not len(act):
+            self._l0_k, self._rhs_k = self.l0, self.l0_theta0
+            return
+        theta_pool = np.linalg.solve(self._a_pool + self.l0, self._b_pool + self.l0_theta0)
+        k = (self.pool_weight / float(self._w[act].sum())) * self._a_pool
+        self._l0_k = self.l0 + k
+        self._rhs_k = self.l0_theta0 + k @ theta_pool
+        lhs = self._a[act] + self._l0_k
+        rhs = self._b[act] + self._rhs_k
+        theta = np.linalg.solve(lhs, rhs[:, :, None])[:, :, 0]
+        np.maximum(theta, self.floor, out=theta)
+        self._rates[act] = theta[:, [0, 2, 1]]
+
     def reset(self, slot: int) -> None:
         """Forget ``slot``'s observations (its endpoint left; the slot may be reused)."""
+        if self.n_obs[slot]:
+            self._a_pool -= self._a[slot]
+            self._b_pool -= self._b[slot]
+            self._active = self._active[self._active != slot]
         self._a[slot] = 0.0
         self._b[slot] = 0.0
+        self._w[slot] = 0.0
         self.n_obs[slot] = 0
         self._rates[slot] = self.theta0[[0, 2, 1]]
+        if self.pool_weight > 0.0:
+            self._refit()
 
 
 class TtftWatch:
