@@ -52,6 +52,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -167,9 +168,10 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], deadline_s: float) -> 
     raise GateError(f"the coordinator on 127.0.0.1:{port} was not ready in {deadline_s:g} s")
 
 
-async def _load(port: int, body: bytes, n: int) -> int:
+async def _load(port: int, body: bytes | Callable[[int], bytes], n: int, first: int = 0) -> int:
     """Send ``n`` requests at :data:`PROXY_CONCURRENCY` over keep-alive connections; the
-    count of 200 answers."""
+    count of 200 answers. ``body``: the request body, or a function of the request's number
+    (``first`` .. ``first + n - 1``) that makes it."""
     from motor.http.client import Pool
     pool = Pool("127.0.0.1", port, max_connections=PROXY_CONCURRENCY)
     sent = ok = 0
@@ -177,8 +179,9 @@ async def _load(port: int, body: bytes, n: int) -> int:
     async def worker() -> None:
         nonlocal sent, ok
         while sent < n:
+            b = body if isinstance(body, bytes) else body(first + sent)
             sent += 1
-            r = await pool.request(b"POST", b"/v1/chat/completions", body,
+            r = await pool.request(b"POST", b"/v1/chat/completions", b,
                                    ((b"content-type", b"application/json"),))
             await r.read()
             ok += r.status == 200

@@ -37,11 +37,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost_gate import (FAST_BACKEND, GateError, _env, _free_port, _totals,  # noqa: E402
+from cost_gate import (FAST_BACKEND, GateError, _env, _free_port, _load, _totals,  # noqa: E402
                        _wait_ready, stop_groups)
 
 WARMUP = 200
-CONCURRENCY = 8
 #: the peer harness's system prompt (post.lua: string.rep(..., 16), 992 characters)
 SYSTEM = "You are a helpful assistant. Answer concisely and accurately. " * 16
 
@@ -54,30 +53,6 @@ def body(n: int, stream: bool = False) -> bytes:
     return (b'{"model":"m","messages":[{"role":"system","content":"' + SYSTEM.encode()
             + b'"},{"role":"user","content":"' + user.encode() + b'"}],"max_tokens":16,'
             b'"temperature":0,"stream":' + (b"true" if stream else b"false") + b"}")
-
-
-async def load(port: int, first: int, n: int, stream: bool) -> int:
-    """Send bodies ``first .. first+n-1`` at :data:`CONCURRENCY` over keep-alive
-    connections; the count of 200 answers."""
-    from motor.http.client import Pool
-    pool = Pool("127.0.0.1", port, max_connections=CONCURRENCY)
-    nxt = first
-    ok = 0
-
-    async def worker() -> None:
-        nonlocal nxt, ok
-        while nxt < first + n:
-            b = body(nxt, stream)
-            nxt += 1
-            r = await pool.request(b"POST", b"/v1/chat/completions", b,
-                                   ((b"content-type", b"application/json"),))
-            await r.read()
-            ok += r.status == 200
-    try:
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-    finally:
-        pool.close()
-    return ok
 
 
 def measure(python: str, policy: str, tokenizer: str, requests: int, stream: bool,
@@ -105,11 +80,11 @@ def measure(python: str, policy: str, tokenizer: str, requests: int, stream: boo
             env=env, start_new_session=True, stderr=subprocess.DEVNULL, cwd=tmp)
         try:
             _wait_ready(gw, coord, 300)
-            if asyncio.run(load(gw, 0, WARMUP, stream)) != WARMUP:
+            if asyncio.run(_load(gw, lambda i: body(i, stream), WARMUP)) != WARMUP:
                 raise GateError(f"{policy}: warm-up request(s) failed")
             subprocess.run(["callgrind_control", "-i", "on", str(coord.pid)], check=True,
                            capture_output=True, timeout=60)
-            ok = asyncio.run(load(gw, WARMUP, requests, stream))
+            ok = asyncio.run(_load(gw, lambda i: body(i, stream), requests, WARMUP))
             subprocess.run(["callgrind_control", "-i", "off", str(coord.pid)], check=True,
                            capture_output=True, timeout=60)
             if ok != requests:

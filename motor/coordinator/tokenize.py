@@ -623,6 +623,20 @@ class Tokenizers:
         p = RoutingTokenizer.completion_prompt(body)
         return ((tok.source, p) if isinstance(p, str) else None), p
 
+    def _take(self, route: str, body: dict[str, Any]
+              ) -> tuple[RoutingTokenizer, object, str | list[int] | None, str | None,
+                         list[str | int] | None]:
+        """(tokenizer, cache key, completion prompt, rendered chat text, its plan) of a
+        body: what :meth:`warm` computed when it saw this very body just before (taken
+        once), else the tokenizer and key (text and plan ``None``: not rendered yet)."""
+        r = self._rendered
+        self._rendered = None
+        if r is not None and r[0] is body and r[1] == route:   # warm() saw it just before
+            return r[2], r[3], r[4], r[5], r[6]
+        tok = self.get(body.get("model"))
+        key, prompt = self._key(tok, route, body)
+        return tok, key, prompt, None, None
+
     def token_ids(self, route: str, body: dict[str, Any]) -> list[int]:
         """Token ids of a request body; ``route`` is ``chat`` or ``completions``. The list
         may be the cache's own: read it, do not change it.
@@ -632,15 +646,7 @@ class Tokenizers:
         TokenizeError
             when the body cannot be tokenized (the engine will judge the request).
         """
-        r = self._rendered
-        self._rendered = None
-        text: str | None = None
-        plan: list[str | int] | None = None
-        if r is not None and r[0] is body and r[1] == route:   # warm() saw it just before
-            _, _, tok, key, prompt, text, plan = r
-        else:
-            tok = self.get(body.get("model"))
-            key, prompt = self._key(tok, route, body)
+        tok, key, prompt, text, plan = self._take(route, body)
         if key is None:
             return tok.chat_ids(body) if prompt is None else tok.completion_ids(body)
         ids = self.ids.get(key)
@@ -669,15 +675,7 @@ class Tokenizers:
         TokenizeError
             when the body cannot be tokenized (the engine will judge the request).
         """
-        r = self._rendered
-        self._rendered = None
-        text: str | None = None
-        plan: list[str | int] | None = None
-        if r is not None and r[0] is body and r[1] == route:   # warm() saw it just before
-            _, _, tok, key, prompt, text, plan = r
-        else:
-            tok = self.get(body.get("model"))
-            key, prompt = self._key(tok, route, body)
+        tok, key, prompt, text, plan = self._take(route, body)
         keys = self.keys
         if key is not None:
             got = keys.get(key)
