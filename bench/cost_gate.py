@@ -195,16 +195,28 @@ async def _load(port: int, body: bytes | Callable[[int], bytes], n: int, first: 
 def measure_proxy(python: str, figure: str) -> int:
     """Instructions per request of the coordinator process (``figure``: stream or not)."""
     stream = figure.endswith(".stream")
-    b1, b2, gw = _free_port(), _free_port(), _free_port()
     body = (b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 1024
             + b'"}],"max_tokens":16,"stream":' + (b"true" if stream else b"false") + b"}")
+    return count_coordinator(python, body, PROXY_REQUESTS, PROXY_WARMUP, label=figure)
+
+
+def count_coordinator(python: str, body: bytes | Callable[[int], bytes], requests: int,
+                      warmup: int, *, config: str = "", env: dict[str, str] | None = None,
+                      out_dir: str | None = None, label: str = "proxy") -> int:
+    """Instructions per request of a coordinator (1 worker, 2 fast backends) run by
+    ``python`` under callgrind: ``warmup`` requests, then ``requests`` counted (``body``:
+    :func:`_load`'s). ``config``: YAML lines added under ``coordinator:`` (2-space indent);
+    ``env``: the coordinator's environment (default :func:`_env`); ``out_dir``: where the
+    callgrind file stays (default a temporary folder). Raises :class:`GateError` when a
+    request fails."""
+    b1, b2, gw = _free_port(), _free_port(), _free_port()
     with tempfile.TemporaryDirectory(prefix="motor-cost-") as tmp:
-        out = os.path.join(tmp, "cg.out")
+        out = os.path.join(out_dir or tmp, f"cg.{label}.out")
         # no health probe during the count (one round at start): the figure is the requests'
         # own work, not a timer's, however long valgrind takes on a loaded machine
         cfg = os.path.join(tmp, "coordinator.yaml")
         with open(cfg, "w") as f:
-            f.write("coordinator:\n  health_check_interval_s: 86400\n")
+            f.write("coordinator:\n  health_check_interval_s: 86400\n" + config)
         backend = subprocess.Popen([sys.executable, str(FAST_BACKEND), str(b1), str(b2)],
                                    env=_env(), start_new_session=True)
         coord = subprocess.Popen(
@@ -212,20 +224,22 @@ def measure_proxy(python: str, figure: str) -> int:
              f"--callgrind-out-file={out}", python, "-m", "motor", "--log-level", "warning",
              "coordinator", "-c", cfg, "--port", str(gw), "--backend",
              f"http://127.0.0.1:{b1}", f"http://127.0.0.1:{b2}"],
-            env=_env(), start_new_session=True, stderr=subprocess.DEVNULL, cwd=tmp)
+            env=env if env is not None else _env(), start_new_session=True,
+            stderr=subprocess.DEVNULL, cwd=tmp)
         try:
             _wait_ready(gw, coord, 300)
-            asyncio.run(_load(gw, body, PROXY_WARMUP))
+            if asyncio.run(_load(gw, body, warmup)) != warmup:
+                raise GateError(f"{label}: warm-up request(s) failed")
             subprocess.run(["callgrind_control", "-i", "on", str(coord.pid)], check=True,
                            capture_output=True, timeout=60)
-            ok = asyncio.run(_load(gw, body, PROXY_REQUESTS))
+            ok = asyncio.run(_load(gw, body, requests, warmup))
             subprocess.run(["callgrind_control", "-i", "off", str(coord.pid)], check=True,
                            capture_output=True, timeout=60)
-            if ok != PROXY_REQUESTS:
-                raise GateError(f"{figure}: {PROXY_REQUESTS - ok} request(s) failed")
+            if ok != requests:
+                raise GateError(f"{label}: {requests - ok} request(s) failed")
         finally:
             stop_groups((coord, backend), 120)
-        return round(_totals(out) / PROXY_REQUESTS)
+        return round(_totals(out) / requests)
 
 
 def stop_groups(procs: tuple[subprocess.Popen[bytes], ...], wait_s: float) -> None:

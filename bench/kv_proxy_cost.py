@@ -28,17 +28,14 @@ Needs ``valgrind`` and ``callgrind_control`` (Debian package ``valgrind``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost_gate import (FAST_BACKEND, GateError, _env, _free_port, _load, _totals,  # noqa: E402
-                       _wait_ready, stop_groups)
+from cost_gate import GateError, _env, count_coordinator  # noqa: E402
 
 WARMUP = 200
 #: the peer harness's system prompt (post.lua: string.rep(..., 16), 992 characters)
@@ -62,36 +59,10 @@ def measure(python: str, policy: str, tokenizer: str, requests: int, stream: boo
     env = _env()
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    b1, b2, gw = _free_port(), _free_port(), _free_port()
-    with tempfile.TemporaryDirectory(prefix="motor-kvcost-") as tmp:
-        out = os.path.join(keep or tmp, f"cg.{policy}.out")
-        cfg = os.path.join(tmp, "coordinator.yaml")
-        with open(cfg, "w") as f:
-            f.write("coordinator:\n  health_check_interval_s: 86400\n")
-            if policy == "kv":
-                f.write(f"  policy: kv_affinity\n  kv:\n    tokenizers: {{\"*\": {tokenizer}}}\n")
-        backend = subprocess.Popen([sys.executable, str(FAST_BACKEND), str(b1), str(b2)],
-                                   env=_env(), start_new_session=True)
-        coord = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-             f"--callgrind-out-file={out}", python, "-m", "motor", "--log-level", "warning",
-             "coordinator", "-c", cfg, "--port", str(gw), "--backend",
-             f"http://127.0.0.1:{b1}", f"http://127.0.0.1:{b2}"],
-            env=env, start_new_session=True, stderr=subprocess.DEVNULL, cwd=tmp)
-        try:
-            _wait_ready(gw, coord, 300)
-            if asyncio.run(_load(gw, lambda i: body(i, stream), WARMUP)) != WARMUP:
-                raise GateError(f"{policy}: warm-up request(s) failed")
-            subprocess.run(["callgrind_control", "-i", "on", str(coord.pid)], check=True,
-                           capture_output=True, timeout=60)
-            ok = asyncio.run(_load(gw, lambda i: body(i, stream), requests, WARMUP))
-            subprocess.run(["callgrind_control", "-i", "off", str(coord.pid)], check=True,
-                           capture_output=True, timeout=60)
-            if ok != requests:
-                raise GateError(f"{policy}: {requests - ok} request(s) failed")
-        finally:
-            stop_groups((coord, backend), 120)
-        return round(_totals(out) / requests)
+    config = f"  policy: kv_affinity\n  kv:\n    tokenizers: {{\"*\": {tokenizer}}}\n" \
+        if policy == "kv" else ""
+    return count_coordinator(python, lambda i: body(i, stream), requests, WARMUP,
+                             config=config, env=env, out_dir=keep, label=policy)
 
 
 def main(argv: list[str] | None = None) -> int:
