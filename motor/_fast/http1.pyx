@@ -23,7 +23,7 @@ typed: a cdef class cannot derive from ``asyncio.Protocol``).
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeLatin1
-from libc.string cimport memchr, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 import asyncio
 import socket
@@ -151,6 +151,91 @@ cdef inline long long _digits(bytes v):
             return -2
         r = r * 10 + (s[i] - 48)
     return r
+
+
+# -- the common request's head, parsed without httptools ------------------------------------
+# A request whose head and body are whole in one read and use nothing but the plainest
+# HTTP/1.1 (the request line of a known method and an origin-form target, token header
+# names, visible-ASCII values, Content-Length or no body, keep-alive) is parsed here in one
+# pass; anything else, byte for byte from the start of that request, goes to httptools,
+# which decides it exactly as before (a subset acceptor: it never answers differently, it
+# only declines). ``_tchar[c]``: a token character (RFC 9110 section 5.6.2); ``_pchar[c]``:
+# a character this scanner takes in a request target (RFC 3986's unreserved, sub-delims,
+# ":", "@", "/", "?", "%"); ``_vchar[c]``: visible ASCII, inside a header value also SP
+# and HTAB.
+cdef unsigned char _tchar[256]
+cdef unsigned char _pchar[256]
+cdef unsigned char _vchar[256]
+
+
+cdef void _init_tables():
+    cdef int c
+    for c in range(256):
+        _tchar[c] = 0
+        _pchar[c] = 0
+        _vchar[c] = 0
+    for c in range(48, 58):
+        _tchar[c] = _pchar[c] = 1
+    for c in range(65, 91):
+        _tchar[c] = _pchar[c] = 1
+        _tchar[c + 32] = _pchar[c + 32] = 1
+    for c in b"!#$%&'*+-.^_`|~":
+        _tchar[c] = 1
+    for c in b"-._~!$&'()*+,;=:@/?%":
+        _pchar[c] = 1
+    for c in range(33, 127):
+        _vchar[c] = 1
+    _vchar[32] = 1
+    _vchar[9] = 1
+
+
+_init_tables()
+
+cdef bytes _GET = b"GET"
+cdef bytes _POST = b"POST"
+cdef bytes _HEAD = b"HEAD"
+cdef bytes _PUT = b"PUT"
+cdef bytes _DELETE = b"DELETE"
+cdef bytes _PATCH = b"PATCH"
+cdef bytes _OPTIONS = b"OPTIONS"
+cdef bytes _CONTENT_LENGTH = b"content-length"
+
+
+cdef inline object _method(const char *s, Py_ssize_t n):
+    """The method of a request line starting at ``s`` (``n``: bytes up to the first SP), as
+    one of the constants above; None for any other (httptools decides those)."""
+    if n == 3:
+        if s[0] == 71 and s[1] == 69 and s[2] == 84:                     # GET
+            return _GET
+        if s[0] == 80 and s[1] == 85 and s[2] == 84:                     # PUT
+            return _PUT
+    elif n == 4:
+        if memcmp(s, b"POST", 4) == 0:
+            return _POST
+        if memcmp(s, b"HEAD", 4) == 0:
+            return _HEAD
+    elif n == 5:
+        if memcmp(s, b"PATCH", 5) == 0:
+            return _PATCH
+    elif n == 6:
+        if memcmp(s, b"DELETE", 6) == 0:
+            return _DELETE
+    elif n == 7:
+        if memcmp(s, b"OPTIONS", 7) == 0:
+            return _OPTIONS
+    return None
+
+
+cdef inline bint _is_keep_alive(const unsigned char *v, Py_ssize_t n):
+    """``v`` is ``keep-alive`` in any letter case."""
+    cdef const char *want = b"keep-alive"
+    cdef Py_ssize_t i
+    if n != 10:
+        return False
+    for i in range(10):
+        if (v[i] | 32) != <unsigned char>want[i]:
+            return False
+    return True
 
 
 @cython.final
@@ -344,7 +429,8 @@ cdef class HttpProtocol:
     """One client connection (as ``motor.http.server.HttpProtocol``): the ``asyncio``
     protocol methods, the ``httptools`` callbacks, and what ``HttpServer`` calls
     (``deadline``, ``send_deadline``, ``timed_out``, ``send_timed_out``, ``close``,
-    ``idle``, ``closed``)."""
+    ``idle``, ``closed``). Compiled only: ``plain_requests``, how many of the connection's
+    requests the plain-request scanner parsed (the rest went through httptools)."""
 
     cdef object _server
     cdef object _transport
@@ -368,6 +454,10 @@ cdef class HttpProtocol:
     cdef public double send_deadline
     cdef Py_ssize_t _head_len
     cdef object _deferred
+    #: httptools holds part of a request (between its on_message_begin and complete)
+    cdef bint _in_msg
+    #: requests of this connection parsed by the plain-request scanner (not httptools)
+    cdef readonly Py_ssize_t plain_requests
 
     def __init__(self, server):
         if _status_line is None:
@@ -392,6 +482,8 @@ cdef class HttpProtocol:
         self.send_deadline = 0.0
         self._head_len = 0
         self._deferred = None
+        self._in_msg = False
+        self.plain_requests = 0
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport):
@@ -408,8 +500,15 @@ cdef class HttpProtocol:
         self.deadline = server.loop_time() + server.keepalive_timeout_s
 
     def data_received(self, data):
+        cdef Py_ssize_t taken
         if self._rejected:
             return
+        if not self._in_msg and type(data) is bytes:
+            taken = self._plain_requests(<bytes>data)
+            if taken:
+                if taken == PyBytes_GET_SIZE(data) or self._rejected:
+                    return
+                data = data[taken:]
         try:
             self._parser.feed_data(data)
         except _HttpParserUpgrade:
@@ -452,6 +551,7 @@ cdef class HttpProtocol:
 
     # -- httptools callbacks ------------------------------------------------
     def on_message_begin(self):
+        self._in_msg = True
         server = self._server
         self.deadline = server.loop_time() + server.request_read_timeout_s
         self._reading = True
@@ -537,10 +637,8 @@ cdef class HttpProtocol:
 
     def on_message_complete(self):
         cdef bytes url
-        cdef const char *s
-        cdef const char *q
         cdef Py_ssize_t n
-        cdef Request req
+        self._in_msg = False
         if self._rejected:
             return
         self.deadline = 0.0  # a handler runs: no read deadline until it answered
@@ -559,8 +657,20 @@ cdef class HttpProtocol:
                 return
             url = target
             n = PyBytes_GET_SIZE(url)
-        s = PyBytes_AS_STRING(url)
-        req = Request.__new__(Request)
+        body = self._body
+        self._complete(method, url, self._headers,
+                       body[0] if len(body) == 1 else _EMPTY.join(body),
+                       parser.should_keep_alive(), parser.get_http_version() == _HTTP10)
+
+    # -- internals ----------------------------------------------------------
+    cdef _complete(self, bytes method, bytes url, list headers, bytes body, bint keep_alive,
+                   bint http10):
+        """A whole request (``url`` in origin form): start it, or queue it behind the one
+        being answered (429 past 64)."""
+        cdef const char *s = PyBytes_AS_STRING(url)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(url)
+        cdef const char *q
+        cdef Request req = Request.__new__(Request)
         q = <const char *>memchr(s, 63, n)     # b"?"
         if q != NULL:
             req.path = PyUnicode_DecodeLatin1(s, q - s, NULL)
@@ -568,13 +678,12 @@ cdef class HttpProtocol:
         else:
             req.path = PyUnicode_DecodeLatin1(s, n, NULL)
             req.query = ""
-        body = self._body
-        req.body = body[0] if len(body) == 1 else _EMPTY.join(body)
+        req.body = body
         req.method = method
-        req.headers = self._headers
-        req.keep_alive = parser.should_keep_alive()
+        req.headers = headers
+        req.keep_alive = keep_alive
         req.peer = self._peer
-        req.http10 = parser.get_http_version() == _HTTP10
+        req.http10 = http10
         if self._task is None:
             self._start(req)
         elif len(self._queue) >= 64:
@@ -582,7 +691,118 @@ cdef class HttpProtocol:
         else:
             self._queue.append(req)
 
-    # -- internals ----------------------------------------------------------
+    cdef Py_ssize_t _plain_requests(self, bytes data):
+        """Parse and start the plain requests whole at the start of ``data`` (the module's
+        section on them); returns the bytes taken. The rest, from the first request this
+        declines (or a refusal), is httptools'."""
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0, taken
+        while pos < n and not self._rejected:
+            taken = self._plain_request(data, pos, n)
+            if taken == 0:
+                break
+            pos += taken
+        return pos
+
+    cdef Py_ssize_t _plain_request(self, bytes data, Py_ssize_t pos, Py_ssize_t n):
+        """One plain request at ``data[pos:n]``: started (or queued), returns its length
+        in bytes; 0 when it is not plain or not whole (nothing done)."""
+        cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t i, j, url_start, url_end, name_start, nlen, vs, ve, head_bytes, k
+        cdef long long body_len = -1
+        cdef bytes name
+        cdef char *w
+        cdef list headers
+        # request line: METHOD SP /target SP HTTP/1.1 CRLF
+        j = pos
+        while j < n and j - pos < 8 and b[j] != 32:
+            j += 1
+        if j >= n or b[j] != 32:
+            return 0
+        method = _method(<const char *>b + pos, j - pos)
+        if method is None:
+            return 0
+        url_start = j + 1
+        if url_start >= n or b[url_start] != 47:     # b"/": origin form only
+            return 0
+        j = url_start + 1
+        while j < n and _pchar[b[j]]:
+            j += 1
+        url_end = j
+        if j + 11 > n or memcmp(b + j, b" HTTP/1.1\r\n", 11) != 0:
+            return 0
+        i = j + 11
+        head_bytes = url_end - url_start
+        headers = []
+        while True:
+            if i + 2 > n:
+                return 0
+            if b[i] == 13:
+                if b[i + 1] != 10:
+                    return 0
+                i += 2
+                break
+            # name ":" OWS value OWS CRLF, with no OWS after the value, no obs-fold
+            name_start = i
+            while i < n and _tchar[b[i]]:
+                i += 1
+            nlen = i - name_start
+            if nlen == 0 or i >= n or b[i] != 58:
+                return 0
+            i += 1
+            while i < n and (b[i] == 32 or b[i] == 9):
+                i += 1
+            vs = i
+            while i < n and _vchar[b[i]]:
+                i += 1
+            ve = i
+            if i + 2 > n or b[i] != 13 or b[i + 1] != 10 or ve == vs \
+                    or b[ve - 1] == 32 or b[ve - 1] == 9:
+                return 0
+            i += 2
+            name = PyBytes_FromStringAndSize(NULL, nlen)
+            w = PyBytes_AS_STRING(name)
+            for k in range(nlen):
+                w[k] = b[name_start + k] | 32 if 65 <= b[name_start + k] <= 90 \
+                    else b[name_start + k]
+            # the headers httptools gives a meaning to: declined, but for a plain
+            # Content-Length and Connection: keep-alive
+            if nlen == 14 and memcmp(w, b"content-length", 14) == 0:
+                if body_len != -1 or ve - vs > 18:
+                    return 0
+                body_len = 0
+                for k in range(vs, ve):
+                    if not 48 <= b[k] <= 57:
+                        return 0
+                    body_len = body_len * 10 + (b[k] - 48)
+            elif nlen == 10 and memcmp(w, b"connection", 10) == 0:
+                if not _is_keep_alive(b + vs, ve - vs):
+                    return 0
+            elif (nlen == 17 and memcmp(w, b"transfer-encoding", 17) == 0) \
+                    or (nlen == 6 and memcmp(w, b"expect", 6) == 0) \
+                    or (nlen == 7 and memcmp(w, b"upgrade", 7) == 0) \
+                    or (nlen == 16 and memcmp(w, b"proxy-connection", 16) == 0):
+                return 0
+            headers.append((name, PyBytes_FromStringAndSize(<const char *>b + vs, ve - vs)))
+            head_bytes += nlen + ve - vs
+        server = self._server
+        if head_bytes > server.max_header_bytes:
+            return 0
+        if body_len < 0:
+            body_len = 0
+        elif body_len > server.max_body_bytes:
+            return 0
+        if i + body_len > n:
+            return 0
+        self.deadline = 0.0  # a handler runs: no read deadline until it answered
+        self._reading = False
+        self.plain_requests += 1
+        self._complete(method, PyBytes_FromStringAndSize(<const char *>b + url_start,
+                                                         url_end - url_start),
+                       headers,
+                       PyBytes_FromStringAndSize(<const char *>b + i, body_len) if body_len
+                       else _EMPTY, True, False)
+        return i + body_len - pos
+
     cdef _start(self, Request req):
         cdef Response resp = Response.__new__(Response)
         resp._proto = self

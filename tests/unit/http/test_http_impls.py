@@ -373,3 +373,106 @@ def test_fuzz_same_behaviour_as_the_reference(pieces: list[bytes], cuts: list[in
         results.append(asyncio.run(go()))
     assert results[0] == results[1]
     assert results[0][2] == 0
+
+
+# -- the plain-request scanner (compiled only) -----------------------------------------------
+# A plain request (whole in one read, known method, origin-form target, token names, visible
+# ASCII values, Content-Length or no body, keep-alive) is parsed without httptools; any other
+# goes to httptools from its first byte. Either way the answer must be the reference's.
+P = b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+PLAIN: dict[str, tuple[bytes, int]] = {
+    # (request bytes; how many requests the scanner takes), all followed by END below
+    "post": (P + b"content-length: 3\r\n\r\nabc", 1),
+    "get-no-body": (b"GET /info?x=1&y=%20 HTTP/1.1\r\nHost: x\r\nX-Mixed-Case: V a\r\n\r\n", 1),
+    "keep-alive-header": (P + b"Connection: Keep-Alive\r\ncontent-length: 1\r\n\r\nA", 1),
+    "leading-zeros": (P + b"content-length: 002\r\n\r\nab", 1),
+    # /info answers with the headers, query and body the handler saw
+    "ows-before-value": (b"GET /info HTTP/1.1\r\nhost: x\r\nx-a:\t \tv\tw\r\n\r\n", 1),
+    "info-keep-alive-body": (b"GET /info?a=1 HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n"
+                             b"Content-Length: 2\r\n\r\nhi", 1),
+    "pipelined-three": ((P + b"content-length: 1\r\n\r\nA") * 3, 3),
+    "plain-then-chunked": (P + b"content-length: 1\r\n\r\nA" + P
+                           + b"transfer-encoding: chunked\r\n\r\n1\r\nB\r\n0\r\n\r\n", 1),
+    # declined: httptools decides, as before
+    "connection-close": (P + b"connection: close\r\ncontent-length: 1\r\n\r\nA", 0),
+    "http10": (b"POST /echo HTTP/1.0\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\nA", 0),
+    "trailing-ows": (P + b"x-a: v \r\ncontent-length: 1\r\n\r\nA", 0),
+    "empty-value": (P + b"x-a:\r\ncontent-length: 1\r\n\r\nA", 0),
+    "obs-text": (P + b"x-a: \xc3\xa9t\xc3\xa9\r\ncontent-length: 1\r\n\r\nA", 0),
+    "obs-fold": (P + b"x-a: v\r\n w\r\ncontent-length: 1\r\n\r\nA", 0),
+    "space-before-colon": (P + b"x-a : v\r\ncontent-length: 1\r\n\r\nA", 0),
+    "bare-lf": (b"POST /echo HTTP/1.1\nhost: x\ncontent-length: 1\n\nA", 0),
+    "lf-in-head": (P + b"x-a: v\ncontent-length: 1\r\n\r\nA", 0),
+    "cl-twice": (P + b"content-length: 1\r\ncontent-length: 1\r\n\r\nA", 0),
+    "cl-sign": (P + b"content-length: +1\r\n\r\nA", 0),
+    "cl-over-limit": (P + b"content-length: 1001\r\n\r\n", 0),
+    "chunked": (P + b"transfer-encoding: chunked\r\n\r\n1\r\nA\r\n0\r\n\r\n", 0),
+    "expect": (P + b"expect: 100-continue\r\ncontent-length: 1\r\n\r\nA", 0),
+    "proxy-connection": (P + b"proxy-connection: close\r\ncontent-length: 1\r\n\r\nA", 0),
+    "upgrade": (P + b"upgrade: h2c\r\ncontent-length: 1\r\n\r\nA", 0),
+    "unknown-method": (b"BREW /echo HTTP/1.1\r\ncontent-length: 1\r\n\r\nA", 0),
+    "lower-method": (b"post /echo HTTP/1.1\r\ncontent-length: 1\r\n\r\nA", 0),
+    "absolute-target": (b"POST http://h/echo HTTP/1.1\r\ncontent-length: 1\r\n\r\nA", 0),
+    "fragment": (b"GET /info#f HTTP/1.1\r\nhost: x\r\n\r\n", 0),
+    "quote-in-target": (b'GET /info?q="a" HTTP/1.1\r\nhost: x\r\n\r\n', 0),
+    "two-spaces": (b"GET  /info HTTP/1.1\r\nhost: x\r\n\r\n", 0),
+    "crlf-before": (b"\r\nGET /info HTTP/1.1\r\nhost: x\r\n\r\n", 0),
+    "nul-in-value": (P + b"x-a: a\x00b\r\ncontent-length: 1\r\n\r\nA", 0),
+    "head-over-limit": (P + b"x-big: " + b"a" * 70000 + b"\r\ncontent-length: 1\r\n\r\nA", 0),
+}
+END = b"GET /info HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+
+
+async def _feed(impl: str, data: bytes, cuts: list[int]) -> tuple[list[bytes], bool, int, Any]:
+    """``data`` fed to a fresh protocol of ``impl`` over an in-memory transport, in pieces
+    cut at ``cuts``; (bytes written, closed, requests in flight at the end, the protocol)."""
+    srv = HttpServer(make_router([]), max_body_bytes=1000)
+    srv.expect_check = expect_check
+    proto = IMPLS[impl](srv)
+    t = _Transport()
+    proto.connection_made(t)
+    bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    for a, b in zip(bounds, bounds[1:]):
+        proto.data_received(data[a:b])  # type: ignore[attr-defined]
+        for _ in range(3):
+            await asyncio.sleep(0)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    proto.connection_lost(None)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return t.out, t.closing, srv.inflight, proto
+
+
+@pytest.mark.parametrize("case", sorted(PLAIN))
+def test_plain_scanner_same_answers_as_the_reference(case: str) -> None:
+    """Each request the scanner takes or declines is answered as the reference answers it,
+    and the scanner takes exactly the requests it should (the rest reach httptools)."""
+    data, plain = PLAIN[case]
+    data += END
+
+    async def go() -> None:
+        py = await _feed("python", data, [])
+        c = await _feed("compiled", data, [])
+        assert c[:3] == py[:3]
+        assert b"".join(py[0]).count(b"HTTP/1.1 ") >= 1
+        assert c[3].plain_requests == plain      # END (connection: close) is httptools'
+    asyncio.run(go())
+
+
+def test_plain_scanner_declines_a_request_cut_in_two() -> None:
+    """A request whose head or body is not whole in one read goes to httptools (which takes
+    the rest as it arrives); the requests before it in the same read are the scanner's."""
+    data = (P + b"content-length: 3\r\n\r\nabc") * 2 + END
+
+    async def go() -> None:
+        first = len(P) + len(b"content-length: 3\r\n\r\nabc")
+        for cut in (first + 5, first + len(P) + 25, len(data) - 1):
+            py = await _feed("python", data, [cut])
+            c = await _feed("compiled", data, [cut])
+            assert c[:3] == py[:3]
+            # the first request whole in the first read: the scanner's
+            assert c[3].plain_requests >= 1
+        whole = await _feed("compiled", data, [])
+        assert whole[3].plain_requests == 2
+    asyncio.run(go())
