@@ -25,6 +25,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.unicode cimport PyUnicode_DecodeLatin1
 from libc.string cimport memchr, memcmp, memcpy
 
+from motor._fast.httpscan cimport hs_header_line, hs_is_keep_alive, hs_pchar
+
 import asyncio
 import socket
 from collections import deque
@@ -159,37 +161,7 @@ cdef inline long long _digits(bytes v):
 # names, visible-ASCII values, Content-Length or no body, keep-alive) is parsed here in one
 # pass; anything else, byte for byte from the start of that request, goes to httptools,
 # which decides it exactly as before (a subset acceptor: it never answers differently, it
-# only declines). ``_tchar[c]``: a token character (RFC 9110 section 5.6.2); ``_pchar[c]``:
-# a character this scanner takes in a request target (RFC 3986's unreserved, sub-delims,
-# ":", "@", "/", "?", "%"); ``_vchar[c]``: visible ASCII, inside a header value also SP
-# and HTAB.
-cdef unsigned char _tchar[256]
-cdef unsigned char _pchar[256]
-cdef unsigned char _vchar[256]
-
-
-cdef void _init_tables():
-    cdef int c
-    for c in range(256):
-        _tchar[c] = 0
-        _pchar[c] = 0
-        _vchar[c] = 0
-    for c in range(48, 58):
-        _tchar[c] = _pchar[c] = 1
-    for c in range(65, 91):
-        _tchar[c] = _pchar[c] = 1
-        _tchar[c + 32] = _pchar[c + 32] = 1
-    for c in b"!#$%&'*+-.^_`|~":
-        _tchar[c] = 1
-    for c in b"-._~!$&'()*+,;=:@/?%":
-        _pchar[c] = 1
-    for c in range(33, 127):
-        _vchar[c] = 1
-    _vchar[32] = 1
-    _vchar[9] = 1
-
-
-_init_tables()
+# only declines). The character classes and the header line: ``httpscan.pxd``.
 
 cdef bytes _GET = b"GET"
 cdef bytes _POST = b"POST"
@@ -198,7 +170,6 @@ cdef bytes _PUT = b"PUT"
 cdef bytes _DELETE = b"DELETE"
 cdef bytes _PATCH = b"PATCH"
 cdef bytes _OPTIONS = b"OPTIONS"
-cdef bytes _CONTENT_LENGTH = b"content-length"
 
 
 cdef inline object _method(const char *s, Py_ssize_t n):
@@ -224,18 +195,6 @@ cdef inline object _method(const char *s, Py_ssize_t n):
         if memcmp(s, b"OPTIONS", 7) == 0:
             return _OPTIONS
     return None
-
-
-cdef inline bint _is_keep_alive(const unsigned char *v, Py_ssize_t n):
-    """``v`` is ``keep-alive`` in any letter case."""
-    cdef const char *want = b"keep-alive"
-    cdef Py_ssize_t i
-    if n != 10:
-        return False
-    for i in range(10):
-        if (v[i] | 32) != <unsigned char>want[i]:
-            return False
-    return True
 
 
 @cython.final
@@ -707,7 +666,7 @@ cdef class HttpProtocol:
         """One plain request at ``data[pos:n]``: started (or queued), returns its length
         in bytes; 0 when it is not plain or not whole (nothing done)."""
         cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
-        cdef Py_ssize_t i, j, url_start, url_end, name_start, nlen, vs, ve, head_bytes, k
+        cdef Py_ssize_t i, j, url_start, url_end, name_start, nlen, colon, vs, ve, head_bytes, k
         cdef long long body_len = -1
         cdef bytes name
         cdef char *w
@@ -725,7 +684,7 @@ cdef class HttpProtocol:
         if url_start >= n or b[url_start] != 47:     # b"/": origin form only
             return 0
         j = url_start + 1
-        while j < n and _pchar[b[j]]:
+        while j < n and hs_pchar[b[j]]:
             j += 1
         url_end = j
         if j + 11 > n or memcmp(b + j, b" HTTP/1.1\r\n", 11) != 0:
@@ -741,24 +700,11 @@ cdef class HttpProtocol:
                     return 0
                 i += 2
                 break
-            # name ":" OWS value OWS CRLF, with no OWS after the value, no obs-fold
             name_start = i
-            while i < n and _tchar[b[i]]:
-                i += 1
-            nlen = i - name_start
-            if nlen == 0 or i >= n or b[i] != 58:
+            i = hs_header_line(b, i, n, &colon, &vs, &ve)
+            if i < 0:
                 return 0
-            i += 1
-            while i < n and (b[i] == 32 or b[i] == 9):
-                i += 1
-            vs = i
-            while i < n and _vchar[b[i]]:
-                i += 1
-            ve = i
-            if i + 2 > n or b[i] != 13 or b[i + 1] != 10 or ve == vs \
-                    or b[ve - 1] == 32 or b[ve - 1] == 9:
-                return 0
-            i += 2
+            nlen = colon - name_start
             name = PyBytes_FromStringAndSize(NULL, nlen)
             w = PyBytes_AS_STRING(name)
             for k in range(nlen):
@@ -775,7 +721,7 @@ cdef class HttpProtocol:
                         return 0
                     body_len = body_len * 10 + (b[k] - 48)
             elif nlen == 10 and memcmp(w, b"connection", 10) == 0:
-                if not _is_keep_alive(b + vs, ve - vs):
+                if not hs_is_keep_alive(b + vs, ve - vs):
                     return 0
             elif (nlen == 17 and memcmp(w, b"transfer-encoding", 17) == 0) \
                     or (nlen == 6 and memcmp(w, b"expect", 6) == 0) \

@@ -11,7 +11,11 @@ are Cython coroutines that take an idle pooled connection and wait on the connec
 future without a nested coroutine per step.
 
 The parser is ``httptools.HttpResponseParser`` through its Python interface (the same
-parser and errors as the reference). This module imports nothing from ``motor``:
+parser and errors as the reference), but for the plainest answers: a response whole in one
+read (``HTTP/1.1``, a final status other than 204 / 304, token header names, visible-ASCII
+values, a ``Content-Length`` body, nothing after it) is taken in one C pass by
+:meth:`Conn._plain_response` (a subset acceptor, as the server's plain-request scanner: what
+it declines goes to httptools from its first byte). This module imports nothing from ``motor``:
 ``motor.http.client`` hands it, once, with :func:`bind`, its exception classes
 (``UpstreamTimeout``, ``UpstreamClosed``), so ``except UpstreamClosed`` catches what
 either implementation raises.
@@ -24,7 +28,10 @@ and the async context manager; ``Conn(pool)``, the ``asyncio.Protocol`` of one c
 (duck typed: a cdef class cannot derive from ``asyncio.Protocol``).
 """
 cimport cython
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.string cimport memcmp
+
+from motor._fast.httpscan cimport hs_header_line, hs_is_keep_alive, hs_vchar
 
 import asyncio
 import socket
@@ -104,6 +111,10 @@ cdef class Conn:
     cdef readonly bint keep_alive
     cdef bint counted_out
     cdef bint interim
+    #: httptools holds part of an answer (between its on_message_begin and complete)
+    cdef bint in_msg
+    #: answers on this connection taken by the plain-response scanner (not httptools)
+    cdef readonly Py_ssize_t plain_responses
     # the wait's bound (:meth:`_arm`): loop time it expires (0: none), what it raises, and
     # the one timer of this connection, armed at ``timer_at``, that checks it
     cdef object loop
@@ -123,6 +134,8 @@ cdef class Conn:
         self.counted_out = False
         self.loop = None
         self.timer_h = None
+        self.in_msg = False
+        self.plain_responses = 0
         self._reset()
 
     cdef _reset(self):
@@ -152,6 +165,9 @@ cdef class Conn:
 
     def data_received(self, data):
         self.got_bytes = True
+        if not self.in_msg and not self.headers_done and type(data) is bytes \
+                and self._plain_response(<bytes>data):
+            return
         try:
             self.parser.feed_data(data)
         except (_HttpParserError, _HttpParserUpgrade) as e:
@@ -179,7 +195,87 @@ cdef class Conn:
                     before_response=not self.got_bytes)
         self._wake()
 
+    cdef bint _plain_response(self, bytes data):
+        """``data`` is one whole plain answer (``HTTP/1.1 NNN reason``, a final status other
+        than 204 and 304, plain header lines, ``Content-Length`` of at most 1 MiB, the body,
+        nothing after it): taken as httptools' callbacks would have left it, True. False,
+        nothing done, for anything else (httptools' to parse)."""
+        cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data), i, name_start, nlen, colon, vs, ve, k
+        cdef long long body_len = -1
+        cdef int status
+        cdef bytes name
+        cdef char *w
+        cdef list headers
+        if self.complete or self.error is not None or n < 16 \
+                or memcmp(b, b"HTTP/1.1 ", 9) != 0:
+            return False
+        if not (50 <= b[9] <= 53 and 48 <= b[10] <= 57 and 48 <= b[11] <= 57):   # 200-599
+            return False
+        status = (b[9] - 48) * 100 + (b[10] - 48) * 10 + (b[11] - 48)
+        if status == 204 or status == 304:
+            return False
+        i = 12
+        if b[i] == 32:
+            i += 1
+            while i < n and hs_vchar[b[i]]:
+                i += 1
+        headers = []
+        if i + 2 > n or b[i] != 13 or b[i + 1] != 10:
+            return False
+        i += 2
+        while True:
+            if i + 2 > n:
+                return False
+            if b[i] == 13:
+                if b[i + 1] != 10:
+                    return False
+                i += 2
+                break
+            name_start = i
+            i = hs_header_line(b, i, n, &colon, &vs, &ve)
+            if i < 0:
+                return False
+            nlen = colon - name_start
+            name = PyBytes_FromStringAndSize(NULL, nlen)
+            w = PyBytes_AS_STRING(name)
+            for k in range(nlen):
+                w[k] = b[name_start + k] | 32 if 65 <= b[name_start + k] <= 90 \
+                    else b[name_start + k]
+            if nlen == 14 and memcmp(w, b"content-length", 14) == 0:
+                if body_len != -1 or ve - vs > 18:
+                    return False
+                body_len = 0
+                for k in range(vs, ve):
+                    if not 48 <= b[k] <= 57:
+                        return False
+                    body_len = body_len * 10 + (b[k] - 48)
+            elif nlen == 10 and memcmp(w, b"connection", 10) == 0:
+                if not hs_is_keep_alive(b + vs, ve - vs):
+                    return False
+            elif (nlen == 17 and memcmp(w, b"transfer-encoding", 17) == 0) \
+                    or (nlen == 7 and memcmp(w, b"upgrade", 7) == 0) \
+                    or (nlen == 16 and memcmp(w, b"proxy-connection", 16) == 0):
+                return False
+            headers.append((name, PyBytes_FromStringAndSize(<const char *>b + vs, ve - vs)))
+        if body_len < 0 or body_len > _HIGH_WATER or i + body_len != n:
+            return False
+        self.status = status
+        self.headers = headers
+        self.headers_done = True
+        self.keep_alive = True
+        if body_len:
+            self.chunks.append(data[i:])
+            self.buffered += body_len
+        self.complete = True
+        self.plain_responses += 1
+        self._wake()
+        return True
+
     # -- httptools callbacks ------------------------------------------------
+    def on_message_begin(self):
+        self.in_msg = True
+
     def on_status(self, status):
         self.status = self.parser.get_status_code()
 
@@ -213,6 +309,7 @@ cdef class Conn:
         self._wake()
 
     def on_message_complete(self):
+        self.in_msg = False
         if self.interim:        # the 1xx ended: wait for the final answer's head
             self.interim = False
             self.status = 0

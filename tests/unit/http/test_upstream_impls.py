@@ -504,43 +504,94 @@ def test_fuzz_same_behaviour_as_the_reference(pieces: list[bytes], cuts: list[in
     cut anywhere, a reader waiting on ``next_chunk``: the same status, headers, pieces,
     errors, transport calls and pool counters."""
     data = b"".join(pieces)
-    bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
-    results = []
-    for impl in ("python", "compiled"):
-        async def go(impl: str = impl) -> list[Any]:
-            pool = IMPLS[impl]("127.0.0.1", 1)
-            conn = CONNS[impl](pool)
-            t = _Transport()
-            conn.connection_made(t)
-            log: list[Any] = []
-            resp: Any = None
-            task: asyncio.Future[Any] | None = None
-
-            async def settle() -> None:
-                nonlocal task, resp
-                for _ in range(3):
-                    await asyncio.sleep(0)
-                    if resp is None and conn.headers_done:
-                        resp = RESPS[impl](conn, None)
-                        log.append(("answer", resp.status, list(resp.headers)))
-                    if resp is not None and task is None:
-                        task = asyncio.ensure_future(resp.next_chunk())
-                    if task is not None and task.done():
-                        e = task.exception()
-                        log.append(("error", err(e)) if e else ("piece", task.result()))
-                        task = None
-            for a, b in zip(bounds, bounds[1:]):
-                conn.data_received(data[a:b])
-                await settle()
-            if lost:
-                conn.connection_lost(None)
-            await settle()
-            if task is not None:
-                task.cancel()
-                await asyncio.sleep(0)
-            if resp is not None:
-                resp.close()
-            log.append((t.calls, t.closing, pool.open_connections, pool.idle_connections))
-            return log
-        results.append(asyncio.run(go()))
+    results = [asyncio.run(_observe(impl, data, cuts, lost))[0]
+               for impl in ("python", "compiled")]
     assert results[0] == results[1]
+
+
+async def _observe(impl: str, data: bytes, cuts: list[int], lost: bool) -> tuple[list[Any], Any]:
+    """``data`` fed to a fresh connection protocol of ``impl`` (in pieces cut at ``cuts``,
+    then the connection lost when ``lost``), a reader waiting on ``next_chunk``: (what was
+    observed: status, headers, pieces, errors, transport calls, pool counters; the
+    connection)."""
+    bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    pool = IMPLS[impl]("127.0.0.1", 1)
+    conn = CONNS[impl](pool)
+    t = _Transport()
+    conn.connection_made(t)
+    log: list[Any] = []
+    resp: Any = None
+    task: asyncio.Future[Any] | None = None
+
+    async def settle() -> None:
+        nonlocal task, resp
+        for _ in range(3):
+            await asyncio.sleep(0)
+            if resp is None and conn.headers_done:
+                resp = RESPS[impl](conn, None)
+                log.append(("answer", resp.status, list(resp.headers)))
+            if resp is not None and task is None:
+                task = asyncio.ensure_future(resp.next_chunk())
+            if task is not None and task.done():
+                e = task.exception()
+                log.append(("error", err(e)) if e else ("piece", task.result()))
+                task = None
+    for a, b in zip(bounds, bounds[1:]):
+        conn.data_received(data[a:b])
+        await settle()
+    if lost:
+        conn.connection_lost(None)
+    await settle()
+    if task is not None:
+        task.cancel()
+        await asyncio.sleep(0)
+    if resp is not None:
+        resp.close()
+    log.append((t.calls, t.closing, pool.open_connections, pool.idle_connections))
+    return log, conn
+
+
+# -- the plain-response scanner (compiled only) ----------------------------------------------
+# A whole answer in one read (HTTP/1.1, a final status but 204 / 304, token names, visible
+# ASCII values, a Content-Length body, nothing after it) is taken without httptools; any
+# other goes to httptools. Either way the observations must be the reference's.
+OKH = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+PLAIN: dict[str, tuple[bytes, int]] = {
+    "ok": (OKH + b"content-length: 3\r\n\r\nabc", 1),
+    "no-reason": (b"HTTP/1.1 200\r\nContent-Length: 2\r\n\r\nab", 1),
+    "error-status": (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
+                     b"content-length: 2\r\n\r\n{}", 1),
+    "empty-body": (OKH + b"content-length: 0\r\n\r\n", 1),
+    "keep-alive": (OKH + b"Connection: keep-alive\r\ncontent-length: 1\r\n\r\na", 1),
+    # declined: httptools decides
+    "connection-close": (OKH + b"connection: close\r\ncontent-length: 1\r\n\r\na", 0),
+    "http10": (b"HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\na", 0),
+    "chunked": (OKH + b"transfer-encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 0),
+    "close-delimited": (OKH + b"\r\nabc", 0),
+    "no-content": (b"HTTP/1.1 204 No Content\r\ncontent-length: 3\r\n\r\n", 0),
+    "not-modified": (b"HTTP/1.1 304 Not Modified\r\ncontent-length: 3\r\n\r\n", 0),
+    "interim-first": (b"HTTP/1.1 100 Continue\r\n\r\n" + OKH + b"content-length: 1\r\n\r\na", 0),
+    "body-short": (OKH + b"content-length: 5\r\n\r\nabc", 0),
+    "bytes-after": (OKH + b"content-length: 1\r\n\r\nab", 0),
+    "cl-twice": (OKH + b"content-length: 1\r\ncontent-length: 1\r\n\r\na", 0),
+    "trailing-ows": (OKH + b"x-a: v \r\ncontent-length: 1\r\n\r\na", 0),
+    "obs-text-reason": (b"HTTP/1.1 200 \xc3\xa9\r\ncontent-length: 1\r\n\r\na", 0),
+    "bad-status": (b"HTTP/1.1 2x0 OK\r\ncontent-length: 1\r\n\r\na", 0),
+    "status-600": (b"HTTP/1.1 600 X\r\ncontent-length: 1\r\n\r\na", 0),
+    "upgrade": (OKH + b"upgrade: h2c\r\ncontent-length: 1\r\n\r\na", 0),
+}
+
+
+@pytest.mark.parametrize("lost", [False, True])
+@pytest.mark.parametrize("case", sorted(PLAIN))
+def test_plain_scanner_same_observations_as_the_reference(case: str, lost: bool) -> None:
+    """Each answer the scanner takes or declines is observed as the reference observes it,
+    whole or cut in two, and the scanner takes exactly the answers it should."""
+    data, plain = PLAIN[case]
+    for cuts in ([], [len(data) // 2]):
+        py, _ = asyncio.run(_observe("python", data, cuts, lost))
+        c, conn = asyncio.run(_observe("compiled", data, cuts, lost))
+        assert c == py
+        assert conn.plain_responses == (plain if not cuts else 0)
+        if plain:
+            assert py[0][:2] == ("answer", int(data[9:12]))
