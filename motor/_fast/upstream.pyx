@@ -58,6 +58,17 @@ cdef bytes _EMPTY = b""
 cdef str _IDLE = "idle"
 cdef str _FIRST_BYTE = "first byte"
 cdef object _WAIT = object()      # UpstreamResponse._step: nothing yet, wait for the socket
+# where a plain chunked body is (Conn.ch_state): not in one, at a chunk-size line, inside a
+# chunk's data, at the CRLF after it, after the last chunk (only its CRLF may follow)
+cdef enum:
+    _CH_NONE = 0
+    _CH_SIZE = 1
+    _CH_DATA = 2
+    _CH_DATA_END = 3
+    _CH_LAST = 4
+#: the head httptools is given when it takes over a plain chunked body (its callbacks
+#: ignored: the real head was taken already)
+cdef bytes _CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
 def bind(upstream_timeout not None, upstream_closed not None):
@@ -89,6 +100,28 @@ cdef inline bytes _ascii_lower(bytes name):
     return name
 
 
+cdef inline int _hex(unsigned char c) noexcept nogil:
+    if 48 <= c <= 57:
+        return c - 48
+    if 97 <= c <= 102:
+        return c - 87
+    if 65 <= c <= 70:
+        return c - 55
+    return -1
+
+
+cdef inline bint _is_chunked(const unsigned char *v, Py_ssize_t n) noexcept nogil:
+    """``v[:n]`` is ``chunked`` in any letter case."""
+    cdef const char *want = b"chunked"
+    cdef Py_ssize_t i
+    if n != 7:
+        return False
+    for i in range(7):
+        if (v[i] | 32) != <unsigned char>want[i]:
+            return False
+    return True
+
+
 @cython.final
 cdef class Conn:
     """One upstream connection (as ``motor.http.client._Conn``); the protocol object is also
@@ -115,6 +148,15 @@ cdef class Conn:
     cdef bint in_msg
     #: answers on this connection taken by the plain-response scanner (not httptools)
     cdef readonly Py_ssize_t plain_responses
+    # a plain chunked body being decoded here (``_plain_chunks``): where in it (``_CH_*``),
+    # the data left of the current chunk, the start of a size line cut by a read
+    cdef int ch_state
+    cdef Py_ssize_t ch_left
+    cdef bytes ch_line
+    # httptools taking over a plain chunked body: its head was made up (its callbacks
+    # ignored), and so was ``ch_mute`` bytes of chunk data (not the engine's)
+    cdef bint mute_head
+    cdef Py_ssize_t ch_mute
     # the wait's bound (:meth:`_arm`): loop time it expires (0: none), what it raises, and
     # the one timer of this connection, armed at ``timer_at``, that checks it
     cdef object loop
@@ -152,6 +194,11 @@ cdef class Conn:
         self.keep_alive = True
         self.interim = False
         self.deadline = 0.0
+        self.ch_state = _CH_NONE
+        self.ch_left = 0
+        self.ch_line = None
+        self.mute_head = False
+        self.ch_mute = 0
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport):
@@ -165,9 +212,19 @@ cdef class Conn:
 
     def data_received(self, data):
         self.got_bytes = True
+        if self.ch_state != _CH_NONE:
+            if type(data) is bytes:
+                self._plain_chunks(<bytes>data, 0)
+            else:
+                self._plain_chunks(bytes(data), 0)
+            return
         if not self.in_msg and not self.headers_done and type(data) is bytes \
                 and self._plain_response(<bytes>data):
             return
+        self._feed(data)
+
+    cdef _feed(self, data):
+        """``data`` to httptools; a parse error ends the answer as malformed."""
         try:
             self.parser.feed_data(data)
         except (_HttpParserError, _HttpParserUpgrade) as e:
@@ -198,12 +255,15 @@ cdef class Conn:
     cdef bint _plain_response(self, bytes data):
         """``data`` is one whole plain answer (``HTTP/1.1 NNN reason``, a final status other
         than 204 and 304, plain header lines, ``Content-Length`` of at most 1 MiB, the body,
-        nothing after it): taken as httptools' callbacks would have left it, True. False,
-        nothing done, for anything else (httptools' to parse)."""
+        nothing after it) or the whole plain head of a chunked one (``Transfer-Encoding:
+        chunked``, its body decoded here as it comes, :meth:`_plain_chunks`): taken as
+        httptools' callbacks would have left it, True. False, nothing done, for anything
+        else (httptools' to parse)."""
         cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
         cdef Py_ssize_t n = PyBytes_GET_SIZE(data), i, name_start, nlen, colon, vs, ve, k
         cdef long long body_len = -1
         cdef int status
+        cdef bint chunked = False
         cdef bytes name
         cdef char *w
         cdef list headers
@@ -253,11 +313,27 @@ cdef class Conn:
             elif nlen == 10 and memcmp(w, b"connection", 10) == 0:
                 if not hs_is_keep_alive(b + vs, ve - vs):
                     return False
-            elif (nlen == 17 and memcmp(w, b"transfer-encoding", 17) == 0) \
-                    or (nlen == 7 and memcmp(w, b"upgrade", 7) == 0) \
+            elif nlen == 17 and memcmp(w, b"transfer-encoding", 17) == 0:
+                if chunked or not _is_chunked(b + vs, ve - vs):
+                    return False
+                chunked = True
+            elif (nlen == 7 and memcmp(w, b"upgrade", 7) == 0) \
                     or (nlen == 16 and memcmp(w, b"proxy-connection", 16) == 0):
                 return False
             headers.append((name, PyBytes_FromStringAndSize(<const char *>b + vs, ve - vs)))
+        if chunked:
+            if body_len != -1:
+                return False
+            self.status = status
+            self.headers = headers
+            self.headers_done = True
+            self.keep_alive = True
+            self.plain_responses += 1
+            self.ch_state = _CH_SIZE
+            self._wake()
+            if i < n:
+                self._plain_chunks(data, i)
+            return True
         if body_len < 0 or body_len > _HIGH_WATER or i + body_len != n:
             return False
         self.status = status
@@ -272,20 +348,133 @@ cdef class Conn:
         self._wake()
         return True
 
+    cdef _plain_chunks(self, bytes data, Py_ssize_t i):
+        """Decode ``data[i:]``, the next bytes of a plain chunked body: each chunk's data
+        as httptools' ``on_body`` would take it, the end of the message after the last
+        chunk's CRLF. What this does not take (a chunk extension, trailer fields, a size that
+        is not 1 to 7 hex digits, anything but CRLF where one belongs, bytes after the end)
+        goes to httptools with a made-up head and, inside a chunk's data, a made-up chunk,
+        so it answers as it would have from the start (their callbacks ignored)."""
+        cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data), j, take, size
+        cdef int h
+        cdef bint body = False
+        cdef bytes line
+        if self.ch_line is not None:        # a size line cut by the last read
+            line = self.ch_line
+            self.ch_line = None
+            data = line + data[i:]
+            b = <const unsigned char *>PyBytes_AS_STRING(data)
+            n = PyBytes_GET_SIZE(data)
+            i = 0
+        while i < n:
+            if self.ch_state == _CH_DATA:
+                take = self.ch_left if self.ch_left < n - i else n - i
+                self.chunks.append(data if i == 0 and take == n else data[i:i + take])
+                self.buffered += take
+                body = True
+                self.ch_left -= take
+                i += take
+                if self.ch_left == 0:
+                    self.ch_state = _CH_DATA_END
+            elif self.ch_state == _CH_SIZE:
+                j = i
+                size = 0
+                while j < n and j - i < 8:
+                    h = _hex(b[j])
+                    if h < 0:
+                        break
+                    size = (size << 4) | h
+                    j += 1
+                if j == n:                  # cut by the read: wait for the rest
+                    if j - i < 8:
+                        self.ch_line = data[i:]
+                        break
+                    return self._to_httptools(data, i, body)
+                if j == i or j - i > 7 or b[j] != 13:
+                    return self._to_httptools(data, i, body)
+                if j + 1 == n:
+                    self.ch_line = data[i:]
+                    break
+                if b[j + 1] != 10:
+                    return self._to_httptools(data, i, body)
+                i = j + 2
+                if size == 0:
+                    self.ch_state = _CH_LAST
+                else:
+                    self.ch_state = _CH_DATA
+                    self.ch_left = size
+            else:                           # _CH_DATA_END or _CH_LAST: a CRLF
+                if b[i] != 13 or (i + 1 < n and b[i + 1] != 10):
+                    return self._to_httptools(data, i, body)
+                if i + 1 == n:
+                    self.ch_line = data[i:]
+                    break
+                i += 2
+                if self.ch_state == _CH_LAST:
+                    self.ch_state = _CH_NONE
+                    if i < n:               # bytes after the answer: httptools' to refuse
+                        self._to_httptools(data, i, body, True)
+                        return
+                    self.complete = True
+                    self._wake()
+                    return
+                self.ch_state = _CH_SIZE
+        if body:
+            self._body_added()
+
+    cdef _to_httptools(self, bytes data, Py_ssize_t i, bint body, bint after_end=False):
+        """httptools goes on from ``data[i:]`` inside the plain chunked body (at a size line,
+        at the CRLF after a chunk's data, after the last chunk, or ``after_end``: past the
+        answer's end); the body pieces taken so far are kept."""
+        cdef int state = self.ch_state
+        if body:
+            self._body_added()
+        self.ch_state = _CH_NONE
+        if after_end:
+            self.complete = True
+            self._wake()
+            self._feed(data[i:])
+            return
+        self.mute_head = True
+        if state == _CH_SIZE:
+            prefix = _CHUNKED_HEAD
+        elif state == _CH_DATA_END:
+            prefix = _CHUNKED_HEAD + b"1\r\n-"     # its data byte is not the engine's
+            self.ch_mute = 1
+        else:
+            prefix = _CHUNKED_HEAD + b"0\r\n"
+        self._feed(prefix + data[i:])
+
+    cdef _body_added(self):
+        """After body pieces were added: pause reading above the high-water mark (as
+        ``on_body``) and wake the reader."""
+        if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
     # -- httptools callbacks ------------------------------------------------
     def on_message_begin(self):
         self.in_msg = True
 
     def on_status(self, status):
+        if self.mute_head:
+            return
         self.status = self.parser.get_status_code()
 
     def on_header(self, name, value):
+        if self.mute_head:
+            return
         if type(name) is bytes:
             self.headers.append((_ascii_lower(<bytes>name), value))
         else:
             self.headers.append((name.lower(), value))
 
     def on_headers_complete(self):
+        if self.mute_head:          # the made-up head of a plain body's takeover
+            self.mute_head = False
+            return
         status = self.parser.get_status_code()
         if 100 <= status < 200:
             # an interim answer (100 Continue, 103 Early Hints): not the response, which
@@ -301,6 +490,12 @@ cdef class Conn:
         self._wake()
 
     def on_body(self, body):
+        if self.ch_mute:
+            if len(body) <= self.ch_mute:
+                self.ch_mute -= len(body)
+                return
+            body = body[self.ch_mute:]
+            self.ch_mute = 0
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:

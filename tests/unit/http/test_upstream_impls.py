@@ -566,7 +566,11 @@ PLAIN: dict[str, tuple[bytes, int]] = {
     # declined: httptools decides
     "connection-close": (OKH + b"connection: close\r\ncontent-length: 1\r\n\r\na", 0),
     "http10": (b"HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\na", 0),
-    "chunked": (OKH + b"transfer-encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 0),
+    "chunked": (OKH + b"transfer-encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 1),
+    "chunked-upper": (OKH + b"Transfer-Encoding: Chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 1),
+    "chunked-and-length": (OKH + b"transfer-encoding: chunked\r\ncontent-length: 6\r\n\r\n"
+                           b"1\r\na\r\n0\r\n\r\n", 0),
+    "chunked-gzip": (OKH + b"transfer-encoding: gzip, chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 0),
     "close-delimited": (OKH + b"\r\nabc", 0),
     "no-content": (b"HTTP/1.1 204 No Content\r\ncontent-length: 3\r\n\r\n", 0),
     "not-modified": (b"HTTP/1.1 304 Not Modified\r\ncontent-length: 3\r\n\r\n", 0),
@@ -592,6 +596,60 @@ def test_plain_scanner_same_observations_as_the_reference(case: str, lost: bool)
         py, _ = asyncio.run(_observe("python", data, cuts, lost))
         c, conn = asyncio.run(_observe("compiled", data, cuts, lost))
         assert c == py
-        assert conn.plain_responses == (plain if not cuts else 0)
+        # cut in two inside the head: httptools' (a chunked body may be cut anywhere)
+        assert conn.plain_responses == (plain if not cuts or (
+            b"chunked\r\n\r\n" in data[:cuts[0]]) else 0)
         if plain:
             assert py[0][:2] == ("answer", int(data[9:12]))
+
+
+CH = OKH + b"transfer-encoding: chunked\r\n\r\n"
+#: plain chunked bodies the decoder takes, and bodies it hands to httptools part-way
+CHUNKED: dict[str, bytes] = {
+    "events": CH + b"9\r\ndata: a\n\n\r\n" + b"1A\r\n" + b"x" * 26 + b"\r\n"
+              b"00f\r\n" + b"y" * 15 + b"\r\n0\r\n\r\n",
+    "one-chunk": CH + b"3\r\nabc\r\n0\r\n\r\n",
+    "empty": CH + b"0\r\n\r\n",
+    "extension": CH + b"3;x=1\r\nabc\r\n0\r\n\r\n",
+    "bad-size": CH + b"3\r\nabc\r\nzz\r\n0\r\n\r\n",
+    "size-space": CH + b"3 \r\nabc\r\n0\r\n\r\n",
+    "size-8-digits": CH + b"00000003\r\nabc\r\n0\r\n\r\n",
+    "size-huge": CH + b"fffffffffff\r\nabc",
+    "size-lf": CH + b"3\nabc\r\n0\r\n\r\n",
+    "no-crlf-after-data": CH + b"3\r\nabcd\r\n0\r\n\r\n",
+    "cr-then-x": CH + b"3\r\nabc\rx0\r\n\r\n",
+    "trailers": CH + b"3\r\nabc\r\n0\r\nx-t: 1\r\n\r\n",
+    "bytes-after-end": CH + b"3\r\nabc\r\n0\r\n\r\nGARBAGE",
+    "answer-after-end": CH + b"0\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nz",
+    "cut-off": CH + b"5\r\nab",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHUNKED))
+def test_plain_chunked_body_same_observations_as_the_reference(case: str) -> None:
+    """A chunked body decoded without httptools (or handed to it part-way) gives the
+    reference's observations whatever the reads: cut in two at every byte, and in three."""
+    data = CHUNKED[case]
+    head = len(CH)
+    cutsets = [[k] for k in range(1, len(data))] + [[head + 1, head + 4], [head + 2, len(data) - 2]]
+    for cuts in cutsets:
+        for lost in (False, True):
+            py, _ = asyncio.run(_observe("python", data, cuts, lost))
+            c, conn = asyncio.run(_observe("compiled", data, cuts, lost))
+            assert c == py, (cuts, lost)
+            want = 1 if cuts[0] >= head else 0
+            if case == "answer-after-end" and cuts[0] == head + 5:
+                want = 2    # the first ended with its read: the pool's idle connection took
+            assert conn.plain_responses == want, cuts    # the second as a new answer
+
+
+def test_plain_chunked_body_is_decoded_here() -> None:
+    """The decoder takes a whole plain chunked stream itself: its pieces, its end, and the
+    connection kept for the next request."""
+    async def go() -> None:
+        log, conn = await _observe("compiled", CHUNKED["events"], [len(CH), len(CH) + 9], False)
+        assert conn.plain_responses == 1 and conn.keep_alive
+        assert log[-1][1] is False and log[-1][3] == 1      # not closed, back in the pool
+        body = b"".join(x[1] for x in log if x[0] == "piece" and x[1] is not None)
+        assert body == b"data: a\n\n" + b"x" * 26 + b"y" * 15
+    asyncio.run(go())
