@@ -127,44 +127,14 @@ cdef class Conn:
     """One upstream connection (as ``motor.http.client._Conn``); the protocol object is also
     the response's data source."""
 
-    cdef Pool pool
-    cdef object transport
-    cdef object parser
-    cdef readonly object status
-    cdef readonly list headers
-    cdef list chunks
-    cdef Py_ssize_t buffered
-    cdef readonly bint headers_done
-    cdef readonly bint complete
-    cdef readonly object error
-    cdef object waiter
-    cdef bint paused
-    cdef bint got_bytes
-    cdef readonly bint closed
-    cdef readonly bint keep_alive
-    cdef bint counted_out
-    cdef bint interim
     #: httptools holds part of an answer (between its on_message_begin and complete)
-    cdef bint in_msg
     #: answers on this connection taken by the plain-response scanner (not httptools)
-    cdef readonly Py_ssize_t plain_responses
     # a plain chunked body being decoded here (``_plain_chunks``): where in it (``_CH_*``),
     # the data left of the current chunk, the start of a size line cut by a read
-    cdef int ch_state
-    cdef Py_ssize_t ch_left
-    cdef bytes ch_line
     # httptools taking over a plain chunked body: its head was made up (its callbacks
     # ignored), and so was ``ch_mute`` bytes of chunk data (not the engine's)
-    cdef bint mute_head
-    cdef Py_ssize_t ch_mute
     # the wait's bound (:meth:`_arm`): loop time it expires (0: none), what it raises, and
     # the one timer of this connection, armed at ``timer_at``, that checks it
-    cdef object loop
-    cdef double deadline
-    cdef object due_phase
-    cdef object due_s
-    cdef object timer_h
-    cdef double timer_at
 
     def __init__(self, Pool pool not None):
         if _UpstreamClosed is None:
@@ -341,7 +311,7 @@ cdef class Conn:
         self.headers_done = True
         self.keep_alive = True
         if body_len:
-            self.chunks.append(data[i:])
+            self.chunks.append(PyBytes_FromStringAndSize(<const char *>b + i, n - i))
             self.buffered += body_len
         self.complete = True
         self.plain_responses += 1
@@ -370,7 +340,8 @@ cdef class Conn:
         while i < n:
             if self.ch_state == _CH_DATA:
                 take = self.ch_left if self.ch_left < n - i else n - i
-                self.chunks.append(data if i == 0 and take == n else data[i:i + take])
+                self.chunks.append(data if i == 0 and take == n else
+                                   PyBytes_FromStringAndSize(<const char *>b + i, take))
                 self.buffered += take
                 body = True
                 self.ch_left -= take
@@ -612,11 +583,6 @@ cdef class UpstreamResponse:
     come. Use as an async context manager or call :meth:`close` (idempotent); a response
     read to its end hands its connection back to the pool."""
 
-    cdef Conn _conn
-    cdef public object status
-    cdef public list headers
-    cdef object _idle_timeout_s
-    cdef bint _done
 
     def __init__(self, Conn conn not None, idle_timeout_s):
         self._conn = conn
@@ -656,6 +622,25 @@ cdef class UpstreamResponse:
             self._finish()
             raise c.error
         return _WAIT
+
+    cdef object _next_or_wait(self):
+        """For a caller that waits itself (the compiled SSE relay): the next body piece
+        (bytes), ``None`` at the end, or a future to await, the wait bounded by the idle
+        timeout (it raises ``UpstreamTimeout``), then :meth:`_waited` and call again.
+        Raises the connection's error."""
+        cdef Conn c
+        data = self._step()
+        if data is not _WAIT:
+            return data
+        c = self._conn
+        w = c._waiter()
+        c._arm(self._idle_timeout_s, _IDLE)
+        return w
+
+    cdef _waited(self):
+        """After the future of :meth:`_next_or_wait` is done (or its wait abandoned)."""
+        self._conn.waiter = None
+        self._conn._disarm()
 
     async def next_chunk(self):
         """Next piece of the (de-chunked) body, or ``None`` at its end.
@@ -738,18 +723,6 @@ cdef class Pool:
     """Keep-alive connections to one endpoint (as ``motor.http.client.Pool``; parameters
     and errors there)."""
 
-    cdef public object host
-    cdef public object port
-    cdef public object tls
-    cdef public object pool_wait_s
-    cdef public object max_idle
-    cdef public object max_connections
-    cdef public object connect_timeout_s
-    cdef list _idle
-    cdef Py_ssize_t _open
-    cdef object _waiters
-    cdef bytes _host_header
-    cdef public bint closed
 
     def __init__(self, host, port, max_connections=1024, connect_timeout_s=5.0, tls=None,
                  pool_wait_s=None, max_idle=1024):

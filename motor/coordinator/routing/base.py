@@ -479,12 +479,27 @@ def past_prefill(block: bytes) -> bool:
 MAX_SSE_EVENT_BYTES = 16 * 1024 * 1024
 
 
-async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, route: Route,
-                    t0: float, first: bool, idle_timeout_s: float,
-                    on_first: Callable[[], object] | None = None,
-                    on_prefill_done: Callable[[], object] | None = None,
-                    timing: metrics.InstanceTiming | None = None
-                    ) -> tuple[BaseException | None, bool]:
+def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, route: Route,
+              t0: float, first: bool, idle_timeout_s: float,
+              on_first: Callable[[], object] | None = None,
+              on_prefill_done: Callable[[], object] | None = None,
+              timing: metrics.InstanceTiming | None = None
+              ) -> Awaitable[tuple[BaseException | None, bool]]:
+    """:func:`relay_sse_py` (what to await): the compiled relay (:mod:`motor._fast.relay`,
+    the same behaviour) when ``up`` is the compiled client's answer."""
+    if type(up) is _COMPILED_UP:
+        return _relay.relay_sse(up, resp, rec, route, t0, first,  # type: ignore[arg-type]
+                                idle_timeout_s, on_first, on_prefill_done, timing)
+    return relay_sse_py(up, resp, rec, route, t0, first, idle_timeout_s, on_first,
+                        on_prefill_done, timing)
+
+
+async def relay_sse_py(up: UpstreamResponse, resp: Response, rec: SseFeed | None,
+                       route: Route, t0: float, first: bool, idle_timeout_s: float,
+                       on_first: Callable[[], object] | None = None,
+                       on_prefill_done: Callable[[], object] | None = None,
+                       timing: metrics.InstanceTiming | None = None
+                       ) -> tuple[BaseException | None, bool]:
     """Relay one leg's SSE events to the client (already started), cut at event
     boundaries, each block passed through ``rec.feed``. Upstream silence longer than
     ``up``'s idle step sends a keep-alive comment; silence reaching ``idle_timeout_s`` in
@@ -569,8 +584,18 @@ async def relay_sse(up: UpstreamResponse, resp: Response, rec: SseFeed | None, r
     return None, wrote
 
 
+try:
+    from motor._fast import relay as _relay
+    from motor._fast.upstream import UpstreamResponse as _CompiledUp
+    _relay.bind(UpstreamTimeout, UpstreamClosed, Silence, past_prefill, KEEPALIVE,
+                MAX_SSE_EVENT_BYTES)
+    _COMPILED_UP: type | None = _CompiledUp
+except ImportError:     # pragma: no cover - the extensions not built: the reference only
+    _COMPILED_UP = None
+
+
 __all__ = ["ANSWERED", "FORWARD_HEADERS", "JSON", "KEEPALIVE", "ObservedParsed", "ObservedRoute",
            "Parsed", "RequestPath", "Route", "Settings",
            "Silence", "SseFeed", "engine_error_body", "estimate_prompt_tokens", "failure_text",
            "is_openai_error", "json_type", "note_status", "parse_request", "past_prefill",
-           "read_whole", "relay_sse", "settle_leg", "transport_failed"]
+           "read_whole", "relay_sse", "relay_sse_py", "settle_leg", "transport_failed"]
