@@ -788,18 +788,24 @@ cdef class EventScanner:
         self.news = self.captured = False
         self.finish_reason = self.prompt_ids = None
         while i < n:
-            # the event [i, e), ended by "\n\n" at e (or the end of the block)
+            # the event [i, e), ended by "\n\n" at e (or the end of the block). Nothing is
+            # copied while every event passes as it came (``same``): the first one that
+            # does not copies the block up to it at once, then each event its own way
             nl = <const unsigned char *>memchr(p + i, CH_LF, n - i)
             if nl == NULL:
                 e = n
-                same = False                        # the JSON path adds the blank line
+                if same:                            # the JSON path adds the blank line
+                    same = False
+                    self._emit(<const char *>p, i)
             else:
                 e = nl - p
                 if e + 1 >= n or p[e + 1] != CH_LF:
                     self.fallbacks += 1             # a line break inside an event
                     return None
             if e == i:                              # an empty event: skipped
-                same = False
+                if same:
+                    same = False
+                    self._emit(<const char *>p, i)
                 i = e + 2
                 continue
             cuts.n = 0
@@ -835,10 +841,12 @@ cdef class EventScanner:
                         self._pids.n = k            # prompt ids not kept: space reused
                     if act != SSE_DROP:
                         events += 1
+            if act != SSE_PASS and same:
+                same = False
+                self._emit(<const char *>p, i)
             if act == SSE_DROP:
-                same = False
+                pass
             elif act == SSE_CUT:
-                same = False
                 # cuts in offset order (they never overlap)
                 for j in range(1, cuts.n):
                     a = cuts.a[j]
@@ -856,7 +864,7 @@ cdef class EventScanner:
                     a = cuts.b[j]
                 self._emit(<const char *>p + a, e - a)
                 self._emit(b"\n\n", 2)
-            else:
+            elif not same:
                 self._emit(<const char *>p + i, e - i)
                 self._emit(b"\n\n", 2)
             i = e + 2
