@@ -434,6 +434,9 @@ cdef class HttpProtocol:
     cdef bint _in_msg
     #: requests of this connection parsed by the plain-request scanner (not httptools)
     cdef readonly Py_ssize_t plain_requests
+    #: the event loop of the connection (taken once: ``get_running_loop`` makes a getpid
+    #: system call each time)
+    cdef object _loop
 
     def __init__(self, server):
         if _status_line is None:
@@ -460,10 +463,15 @@ cdef class HttpProtocol:
         self._deferred = None
         self._in_msg = False
         self.plain_requests = 0
+        self._loop = None
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport):
         self._transport = transport
+        try:
+            self._loop = _get_running_loop()
+        except RuntimeError:        # made outside a loop (tests): taken at the first request
+            self._loop = None
         self._peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in _AF_INETS:
@@ -781,7 +789,10 @@ cdef class HttpProtocol:
             return
         resp.keep_alive = req.keep_alive
         self._current = resp
-        self._task = _get_running_loop().create_task(self._run(req, resp))
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = _get_running_loop()
+        self._task = loop.create_task(self._run(req, resp))
 
     async def _run(self, Request req, Response resp):
         # counted inside the coroutine: a task cancelled before its first step (the client left
