@@ -405,10 +405,11 @@ def test_a_start_up_timeout_says_what_is_missing(tmp_path: Path) -> None:
 """)
     if not free_port(base + 2):
         pytest.skip(f"port {base + 2} in use")
-    with motor_up(tmp_path, cfg, gw, base, ready=False, extra=["--ready-timeout", "4"]) as up:
+    # 10 s: the coordinator (a 2 s import on a loaded 2-core machine) must be up to report
+    with motor_up(tmp_path, cfg, gw, base, ready=False, extra=["--ready-timeout", "10"]) as up:
         assert up.proc.wait(60) == 1
     err = up.stderr()
-    assert "motor up: the cluster did not start: 2 of 3 engine endpoint(s) routable after 4 s; " \
+    assert "motor up: the cluster did not start: 2 of 3 engine endpoint(s) routable after 10 s; " \
            "waiting for: n0/slow/0 (starting: registered (engine starting))" in err, err[-3000:]
     assert "last lines of node-n0's log" in err and "engine n0-slow-0 started" in err
     assert pids_matching("--port", str(base + 2)) == []
