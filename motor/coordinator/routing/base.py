@@ -506,7 +506,8 @@ async def relay_sse_py(up: UpstreamResponse, resp: Response, rec: SseFeed | None
     total ends the leg with :class:`UpstreamTimeout`. ``first``: whether no event reached
     the client yet (``route.ttft`` is observed, ``on_first`` called, at the first one);
     ``on_prefill_done``: called once, at this leg's first event past its prefill
-    (:func:`past_prefill`). ``timing``: the leg's instance's latency histograms
+    (:func:`past_prefill`), after that event was written to the client (its work, e.g. a
+    policy's learning, does not delay the first token). ``timing``: the leg's instance's latency histograms
     (:func:`motor.coordinator.metrics.instance_timing`): its TTFT is observed with the
     route's, and, when the leg ends without error, its TPOT: seconds from the first event
     past the prefill to the end, divided by the ``data:`` events relayed after it
@@ -548,17 +549,18 @@ async def relay_sse_py(up: UpstreamResponse, resp: Response, rec: SseFeed | None
             if cut + 2 < len(chunk):
                 tail = chunk[cut + 2:]
                 chunk = chunk[:cut + 2]
+            done_now = None     # on_prefill_done, called once this block is written
             if t_tok:
                 n_tok += chunk.count(b"data:") - chunk.count(b"[DONE]")
             elif (on_prefill_done is not None or timing is not None) and past_prefill(chunk):
-                if on_prefill_done is not None:
-                    on_prefill_done()
-                    on_prefill_done = None
+                done_now, on_prefill_done = on_prefill_done, None
                 if timing is not None:
                     t_tok = time.perf_counter()
             if rec is not None:
                 chunk = rec.feed(chunk)
                 if not chunk:
+                    if done_now is not None:
+                        done_now()
                     continue
             resp.write(chunk)
             wrote = True
@@ -570,6 +572,8 @@ async def relay_sse_py(up: UpstreamResponse, resp: Response, rec: SseFeed | None
                     timing.ttft.observe(ttft)
                 if on_first is not None:
                     on_first()
+            if done_now is not None:    # the load's release and the policy's learning
+                done_now()              # (kv_affinity: a fit) after the token went out
             await resp.drain()
     except (UpstreamTimeout, UpstreamClosed, OSError) as e:
         return e, wrote

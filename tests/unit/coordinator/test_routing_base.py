@@ -267,3 +267,51 @@ def test_inflight_gauge_reads_the_live_count() -> None:
     finally:
         metrics.INFLIGHT.remove("gauge-i", ep.url)
         pool.close()
+
+
+# -- relay_sse: the first token goes out before the prefill-done work ---------------------
+class _Up:
+    """An engine stream handing out ``chunks`` one by one, then its end."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = list(chunks)
+
+    async def next_chunk(self) -> bytes | None:
+        return self.chunks.pop(0) if self.chunks else None
+
+    def close(self) -> None:
+        pass
+
+
+class _Resp:
+    def __init__(self) -> None:
+        self.out = b""
+
+    def write(self, b: bytes) -> None:
+        self.out += b
+
+    async def drain(self) -> None:
+        pass
+
+
+class _Route:
+    class ttft:  # noqa: N801 - the metric child's one method
+        @staticmethod
+        def observe(v: float) -> None:
+            pass
+
+
+@run_async
+async def test_relay_sse_prefill_done_after_the_first_token_is_written() -> None:
+    from motor.coordinator.routing.base import relay_sse
+    role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+    tok = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    resp = _Resp()
+    seen: list[bytes] = []
+    err, wrote = await relay_sse(_Up([role, tok, tok, b"data: [DONE]\n\n"]), resp, None,
+                                 _Route(), 0.0, True, 5.0,
+                                 on_prefill_done=lambda: seen.append(resp.out))
+    assert err is None and wrote
+    # called once, when the client already had the role preamble and the first token
+    assert seen == [role + tok]
+    assert resp.out == role + tok + tok + b"data: [DONE]\n\n"
