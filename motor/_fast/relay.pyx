@@ -103,17 +103,19 @@ async def relay_sse(UpstreamResponse up not None, resp, rec, route, double t0, b
             if cut + 2 < n:
                 tail = chunk[cut + 2:]
                 chunk = chunk[:cut + 2]
+            done_now = None     # on_prefill_done, called once this block is written
             if t_tok:
                 n_tok += chunk.count(b"data:") - chunk.count(b"[DONE]")
             elif (on_prefill_done is not None or timing is not None) and _past_prefill(chunk):
-                if on_prefill_done is not None:
-                    on_prefill_done()
-                    on_prefill_done = None
+                done_now = on_prefill_done
+                on_prefill_done = None
                 if timing is not None:
                     t_tok = _perf_counter()
             if rec is not None:
                 fed = rec.feed(chunk)
                 if not fed:
+                    if done_now is not None:
+                        done_now()
                     continue
                 resp.write(fed)
             else:
@@ -127,6 +129,8 @@ async def relay_sse(UpstreamResponse up not None, resp, rec, route, double t0, b
                     timing.ttft.observe(ttft)
                 if on_first is not None:
                     on_first()
+            if done_now is not None:    # the load's release and the policy's learning
+                done_now()              # after the token went out
             await resp.drain()
     except (_UpstreamTimeout, _UpstreamClosed, OSError) as e:
         return e, wrote
