@@ -111,7 +111,9 @@ def run(label: str, policy: str | None, events: bool, n_sims: int, a: argparse.N
                                 "--step-fixed-ms", str(a.step_fixed_ms),
                                 "--prefill-token-us", str(a.prefill_token_us),
                                 "--decode-token-us", str(a.decode_token_us),
-                                "--max-model-len", str(a.max_model_len)] + sim_extra,
+                                "--max-model-len", str(a.max_model_len),
+                                "--max-num-batched-tokens", str(a.max_num_batched_tokens)]
+                               + sim_extra,
                                f"{tmp}/{label}-sim{i}.log"))
             urls.append(f"http://127.0.0.1:{port}")
             kv.append(f"http://127.0.0.1:{port}=tcp://127.0.0.1:{kport}")
@@ -191,6 +193,8 @@ def main() -> int:
                    help="write each policy's mean / p99 TTFT, cached share and requests per "
                         "sim to this JSON file (bench/bench_kv_sweep.py reads it)")
     p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="the sims' per-step token budget (vLLM's default on an H100)")
     # timing model of an 8B dense model in bf16 on one H100 (docs/benchmarks.md):
     # decode step ~6 ms (16 GB of weights at ~3 TB/s + overhead), prefill ~27k tokens/s
     # (37 us/token: 16 GFLOP/token at ~45 % of 990 TFLOPS), ~0.1 ms per decoding sequence
@@ -244,15 +248,19 @@ def main() -> int:
                                              "engines": []}))
     oracle = rows[0][1]["summary"]["cached_token_share"] or 0.0
     rr_ttft = rows[1][1]["metrics"]["TTFT"]["average"]
+    bound = router_bound(dict(rows), a)
     if a.json_out:
+        out = {label: {"mean_ttft_ms": r["metrics"]["TTFT"]["average"],
+                       "p99_ttft_ms": r["metrics"]["TTFT"]["p99"],
+                       "engine_mean_ttft_ms": engine_mean_ttft_ms(r["engines"]),
+                       "cached_share": r["summary"]["cached_token_share"],
+                       "failed": r["summary"].get("requests_failed", 0),
+                       "requests_per_sim": [int(e.get("requests", 0)) for e in r["engines"]]}
+               for label, r in rows if label != "oracle (not run)"}
+        if bound is not None:
+            out["bound"] = bound
         with open(a.json_out, "w") as f:
-            json.dump({label: {"mean_ttft_ms": r["metrics"]["TTFT"]["average"],
-                               "p99_ttft_ms": r["metrics"]["TTFT"]["p99"],
-                               "cached_share": r["summary"]["cached_token_share"],
-                               "failed": r["summary"].get("requests_failed", 0),
-                               "requests_per_sim": [int(e.get("requests", 0))
-                                                    for e in r["engines"]]}
-                       for label, r in rows if label != "oracle (not run)"}, f, indent=1)
+            json.dump(out, f, indent=1)
     print(f"\n{a.conversations} conversations x {a.turns} turns, {a.groups} system prompts of "
           f"{a.prefix_len} tokens, input {a.input_len}, output {a.output_len}, concurrency "
           f"{a.concurrency}, seed {a.seed}, range ratio {a.range_ratio}, conversation sampling "
@@ -300,8 +308,51 @@ def main() -> int:
               f"{mean_ms('request_queue_time_seconds'):.1f} | "
               f"{mean_ms('request_prefill_time_seconds'):.1f} | {ttft_c - ttft_e:.1f} | "
               f"{unc:.0f} | {per} | {int(tot('steps'))} |")
+    if bound is not None:
+        print(f"\nNo router beats (kv_first_wave_bound.run_bound: the first wave at its best "
+              f"split, every later request at one step of its uncached tokens, plus round "
+              f"robin's coordinator + HTTP time {bound['overhead_ms']:.1f} ms): mean "
+              f"{bound['mean_ttft_ms']:.1f} ms ({rr_ttft / bound['mean_ttft_ms']:.2f}x round "
+              f"robin), p99 {bound['p99_ttft_ms']:.1f} ms "
+              f"({rows[1][1]['metrics']['TTFT']['p99'] / bound['p99_ttft_ms']:.2f}x)")
     print(f"\nlogs and JSON: {tmp}")
     return 0
+
+
+def engine_mean_ttft_ms(engines: list[dict]) -> float:
+    """Mean TTFT (ms) the sims measured (arrival at the engine -> first token), all sims."""
+    n = sum(e.get("time_to_first_token_seconds_count", 0.0) for e in engines)
+    return 1e3 * sum(e.get("time_to_first_token_seconds_sum", 0.0) for e in engines) / n \
+        if n else 0.0
+
+
+def router_bound(runs: dict[str, dict], a: argparse.Namespace) -> dict[str, float] | None:
+    """Least mean and p99 client TTFT (ms) any router could reach on this run's requests:
+    the first ``concurrency`` requests (simultaneous first turns, nothing cached) at their
+    best split over the 4 instances (:func:`kv_first_wave_bound.run_bound`), every other
+    request at one engine step of its uncached tokens (``step_fixed_ms`` +
+    ``prefill_token_us`` x tokens, no queueing; cached: the larger of what round robin and
+    kv_affinity found, kv_affinity reaching the oracle's share), and each request paying
+    round robin's mean coordinator + HTTP time (client TTFT - engine TTFT; the p99 adds
+    it too). None without both runs."""
+    from kv_first_wave_bound import run_bound
+    rr, kv = runs.get("round_robin"), runs.get("kv_affinity (KV events)")
+    if rr is None or kv is None:
+        return None
+    key = ("conversation", "turn")
+    cached = {tuple(q[k] for k in key): q["cached_tokens"] or 0 for q in rr["requests"]}
+    for q in kv["requests"]:
+        k2 = tuple(q[k] for k in key)
+        cached[k2] = max(cached.get(k2, 0), q["cached_tokens"] or 0)
+    reqs = sorted(kv["requests"], key=lambda q: q["start_s"])
+    wave, rest = reqs[:a.concurrency], reqs[a.concurrency:]
+    wave_prompt = min(q["input_tokens"] - cached[tuple(q[k] for k in key)] for q in wave)
+    floors = [a.step_fixed_ms + 1e-3 * a.prefill_token_us
+              * max(0, q["input_tokens"] - cached[tuple(q[k] for k in key)]) for q in rest]
+    mean, p99 = run_bound(floors, len(wave), wave_prompt, 4, a.max_num_batched_tokens,
+                          a.step_fixed_ms, a.prefill_token_us, a.decode_token_us)
+    over = rr["metrics"]["TTFT"]["average"] - engine_mean_ttft_ms(rr["engines"])
+    return {"mean_ttft_ms": mean + over, "p99_ttft_ms": p99 + over, "overhead_ms": over}
 
 
 if __name__ == "__main__":
