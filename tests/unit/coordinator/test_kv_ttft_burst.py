@@ -160,3 +160,21 @@ def test_a_leaving_instance_leaves_the_pool() -> None:
     m.observe(1, (1.0, 0.0, 1000.0), 0.05)
     assert m.theta(1)[2] < slow_pull                    # no longer pulled toward slot 0
     assert m.n_obs[0] == 0 and m.theta(0)[2] == m.theta0[2]
+
+
+def test_first_observations_stay_off_numpy_unique(monkeypatch) -> None:
+    """A new slot's first observation (every instance's, at a coordinator's first wave of
+    first tokens) does not call ``np.unique`` / ``np.union1d``: their first call in a process
+    took ~30 ms, on the event loop that relays the other requests' first tokens. The slots
+    still end up active in order, each observed slot fitted."""
+    m = RateModel(KvTtftConfig(), 8)
+
+    def refuse(*a: object, **k: object) -> None:
+        raise AssertionError("np.unique / np.union1d on the observe path")
+
+    monkeypatch.setattr(np, "unique", refuse)
+    monkeypatch.setattr(np, "union1d", refuse)
+    for slot in (5, 2, 7, 2, 0):
+        m.observe(slot, (1.0, 2.0, 2000.0), 0.2)
+    assert m._active.tolist() == [0, 2, 5, 7] and m._active.dtype == np.intp
+    assert list(m.n_obs) == [1, 0, 2, 0, 0, 1, 0, 1]
