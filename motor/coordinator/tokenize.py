@@ -33,9 +33,9 @@ and each piece's ids are kept in a second LRU (:meth:`RoutingTokenizer.encode_ch
 system prompt or earlier turns seen before are not encoded again, and the hash chain's
 state after them is kept too (:meth:`RoutingTokenizer.plan_key`): only the new turn is
 assembled and hashed. With a byte-level BPE (GPT-2's pre-tokenizer), a new ASCII piece is
-cut into its words and only words not seen before go to the BPE model
-(:meth:`RoutingTokenizer.encode_piece`: the library's pre-tokenizer regex costs more than
-the rest of its encode). Text not cached of at least
+cut into its words (compiled: :func:`motor._fast.pretok.encode_ascii_words`) and only words
+not seen before go to the BPE model (:meth:`RoutingTokenizer.encode_piece`: the library's
+pre-tokenizer regex costs more than the rest of its encode). Text not cached of at least
 :data:`OFF_LOOP_MIN_CHARS` characters is encoded in a bounded thread pool (``tokenizers``
 releases the GIL while it encodes) while the event loop goes on (:meth:`Tokenizers.warm`);
 shorter text inline, where a thread hop would cost more than the encode.
@@ -57,6 +57,7 @@ import numpy.typing as npt
 import orjson
 
 from motor._fast.hashing import block_hashes
+from motor._fast.pretok import encode_ascii_words
 from motor.protocol import chat_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -253,28 +254,26 @@ class RoutingTokenizer:
         """Token ids of one text piece of a chat (between added tokens), on the event loop.
 
         With a :func:`word_splitter` and an ASCII piece, the piece is cut into its
-        pre-tokens (words) and each word's ids come from :attr:`words`; only the words not
-        seen before are encoded: the BPE model alone on the word's bytes in the byte-level
-        alphabet, which is what the ``tokenizers`` pipeline of such a tokenizer does with
+        pre-tokens (words: :func:`motor._fast.pretok.encode_ascii_words`, the split of
+        :data:`_BYTE_LEVEL_ASCII` compiled) and each word's ids come from :attr:`words`; only
+        the words not seen before are encoded: the BPE model alone on the word's bytes in the
+        byte-level alphabet, which is what the ``tokenizers`` pipeline of such a tokenizer does with
         each pre-token (no normalizer; the model sees one pre-token at a time), so the ids
         are the piece's. Other pieces are encoded whole."""
-        wre = self._words_re
-        if wre is None or not piece.isascii():
+        if self._words_re is None or not piece.isascii():
             ids: list[int] = self._tok.encode(piece, add_special_tokens=False).ids
             return ids
+        return encode_ascii_words(piece, self.words, self._word_ids)
+
+    def _word_ids(self, word: str) -> list[int]:
+        """Token ids of a word (pre-token) not in :attr:`words`' current generation: from
+        the old one, else the BPE model's (kept)."""
         words = self.words
-        cur = words.cur
-        out: list[int] = []
-        for w in wre.findall(piece):
-            got = cur.get(w)
-            if got is None:
-                got = words.get_old(w)
-                if got is None:
-                    got = [t.id for t in self._model.tokenize(w.translate(_BYTE_CHARS))]
-                    words.put(w, got)
-                    cur = words.cur
-            out += got
-        return out
+        got = words.get_old(word)
+        if got is None:
+            got = [t.id for t in self._model.tokenize(word.translate(_BYTE_CHARS))]
+            words.put(word, got)
+        return got
 
     def encode_chat(self, text: str, plan: list[str | int] | None = None) -> list[int]:
         """Token ids of a rendered chat (no special tokens added, as vLLM's chat);

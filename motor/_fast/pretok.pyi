@@ -1,0 +1,10 @@
+"""Type stubs for motor._fast.pretok (GPT-2's word split of ASCII text, word-cached ids)."""
+from collections.abc import Callable
+from typing import Any
+
+def split_ascii_words(text: str) -> list[str]:
+    """The words (pre-tokens) of ASCII ``text`` in order; ValueError when not ASCII."""
+
+def encode_ascii_words(text: str, words: Any, miss: Callable[[str], list[int]]) -> list[int]:
+    """The concatenated ids of ``text``'s words from ``words.cur`` (dict), ``miss(word)`` for
+    a word not there; ValueError when not ASCII."""

@@ -1,0 +1,167 @@
+# cython: language_level=3
+"""Pre-tokenization of a chat's text for the routing key: the GPT-2 word split of ASCII
+text and the word-by-word assembly of its token ids.
+
+``tokenizers``' ``ByteLevel`` pre-tokenizer (``use_regex``) cuts text with GPT-2's pattern;
+on ASCII text it is (:data:`motor.coordinator.tokenize._BYTE_LEVEL_ASCII`, ``re.ASCII``)::
+
+    '(?:[stmd]|re|ve|ll) | ?[A-Za-z]++ | ?[0-9]++ | ?[^\\sA-Za-z0-9]++ | \\s+(?!\\S) | \\s+
+
+with ``\\s`` the six characters `` \\t\\n\\v\\f\\r``. Every character starts a match of one of
+the alternatives, so the words cover the text. At position ``p``, leftmost alternative first:
+
+* ``'`` followed by ``s``, ``t``, ``m``, ``d`` (2 characters) or ``re``, ``ve``, ``ll`` (3);
+* an optional space, then a run of letters, or of digits, or of other non-white-space
+  characters (the space is taken when the character after it starts such a run);
+* white space: its whole run when it ends the text; else, when the run is followed by a
+  non-white-space character, the run less its last character (``\\s+(?!\\S)``
+  backtracks one), or the single character when the run is one long (``\\s+``).
+
+:func:`split_ascii_words` is that split; :func:`encode_ascii_words` the concatenated token
+ids of the words, each read from a dict (the word cache) and computed by a callback only
+when missing. Tested equal to the regex on any ASCII text (``tests/unit/_fast/test_pretok.py``)
+and, through :meth:`motor.coordinator.tokenize.RoutingTokenizer.encode_piece`, to the library's
+ids (``tests/unit/coordinator/test_tokenize_cache.py``).
+"""
+from cpython.dict cimport PyDict_GetItemWithError
+from cpython.list cimport (PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE, PyList_New,
+                           PyList_SET_ITEM)
+from cpython.ref cimport Py_INCREF
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_Substring
+
+cdef extern from "Python.h":
+    int PyUnicode_IS_ASCII(object) except -1
+    const unsigned char *PyUnicode_1BYTE_DATA(object)
+    Py_ssize_t PyUnicode_GET_LENGTH(object)
+
+# character classes of ASCII: letters, digits, the six white-space characters, the rest
+cdef enum:
+    C_LETTER = 0
+    C_DIGIT = 1
+    C_SPACE = 2
+    C_OTHER = 3
+
+cdef unsigned char _cls[128]
+
+
+cdef void _init_classes() noexcept:
+    cdef int c
+    for c in range(128):
+        if (c >= 65 and c <= 90) or (c >= 97 and c <= 122):
+            _cls[c] = C_LETTER
+        elif c >= 48 and c <= 57:
+            _cls[c] = C_DIGIT
+        elif c == 32 or (c >= 9 and c <= 13):
+            _cls[c] = C_SPACE
+        else:
+            _cls[c] = C_OTHER
+
+
+_init_classes()
+
+
+cdef inline Py_ssize_t _word_end(const unsigned char *s, Py_ssize_t n,
+                                 Py_ssize_t p) noexcept nogil:
+    """End (exclusive) of the word starting at ``p < n`` of ASCII ``s[0:n]``."""
+    cdef unsigned char c = s[p], d, e
+    cdef unsigned char k = _cls[c]
+    cdef Py_ssize_t q = p, r
+    if c == 39 and p + 1 < n:                      # '
+        d = s[p + 1]
+        if d == 115 or d == 116 or d == 109 or d == 100:     # s t m d
+            return p + 2
+        if p + 2 < n:
+            e = s[p + 2]
+            if (e == 101 and (d == 114 or d == 118)) or (d == 108 and e == 108):  # re ve ll
+                return p + 3
+    if c == 32 and p + 1 < n and _cls[s[p + 1]] != C_SPACE:
+        q = p + 1                                 # " ?" then the run after the space
+        k = _cls[s[q]]
+    if k != C_SPACE:
+        r = q + 1
+        while r < n and _cls[s[r]] == k:
+            r += 1
+        return r
+    r = p + 1
+    while r < n and _cls[s[r]] == C_SPACE:
+        r += 1
+    if r == n or r - p == 1:
+        return r
+    return r - 1
+
+
+cdef inline const unsigned char *_ascii(str text, Py_ssize_t *n) except NULL:
+    if not PyUnicode_IS_ASCII(text):
+        raise ValueError("text is expected to be ASCII")
+    n[0] = PyUnicode_GET_LENGTH(text)
+    return PyUnicode_1BYTE_DATA(text)
+
+
+def split_ascii_words(str text):
+    """The words (pre-tokens) of ASCII ``text``, in order (the module docstring's split).
+
+    Returns
+    -------
+    list of str
+        Non-empty words whose concatenation is ``text`` (empty list for empty text).
+
+    Raises
+    ------
+    ValueError
+        when ``text`` is not ASCII.
+    """
+    cdef Py_ssize_t n, p = 0, q
+    cdef const unsigned char *s = _ascii(text, &n)
+    out = []
+    while p < n:
+        q = _word_end(s, n, p)
+        PyList_Append(out, PyUnicode_Substring(text, p, q))
+        p = q
+    return out
+
+
+def encode_ascii_words(str text, words, miss):
+    """Token ids of ASCII ``text``: the ids of its words (:func:`split_ascii_words`)
+    concatenated, each read from ``words.cur`` (a dict word -> list of ids) or, when not
+    there, from ``miss(word)`` (which may replace ``words.cur``: it is read again after).
+
+    Returns
+    -------
+    list of int
+        A new list.
+
+    Raises
+    ------
+    ValueError
+        when ``text`` is not ASCII; what ``miss`` raises.
+    """
+    cdef Py_ssize_t n, p = 0, q, i, k, total = 0
+    cdef const unsigned char *s = _ascii(text, &n)
+    cdef dict cur = words.cur
+    cdef PyObject *got
+    cdef list parts = []
+    cdef list out
+    while p < n:
+        q = _word_end(s, n, p)
+        w = PyUnicode_Substring(text, p, q)
+        got = PyDict_GetItemWithError(cur, w)
+        if got == NULL:
+            ids = miss(w)
+            cur = words.cur
+        else:
+            ids = <object>got
+        if type(ids) is not list:
+            ids = list(ids)
+        total += PyList_GET_SIZE(ids)
+        PyList_Append(parts, ids)
+        p = q
+    out = PyList_New(total)      # the exact size: no growth
+    k = 0
+    for ids in parts:
+        for i in range(PyList_GET_SIZE(ids)):
+            x = <object>PyList_GET_ITEM(ids, i)
+            Py_INCREF(x)
+            PyList_SET_ITEM(out, k, x)
+            k += 1
+    return out
