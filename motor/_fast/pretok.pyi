@@ -8,3 +8,8 @@ def split_ascii_words(text: str) -> list[str]:
 def encode_ascii_words(text: str, words: Any, miss: Callable[[str], list[int]]) -> list[int]:
     """The concatenated ids of ``text``'s words from ``words.cur`` (dict), ``miss(word)`` for
     a word not there; ValueError when not ASCII."""
+
+def split_added(text: str, prefix: str, names: tuple[str, ...],
+                ids: dict[str, int]) -> list[str | int]:
+    """``text`` cut at its added tokens (``names`` longest first, all starting with
+    ``prefix``): non-empty text pieces and token ids in order."""

@@ -1,6 +1,7 @@
 # cython: language_level=3
-"""Pre-tokenization of a chat's text for the routing key: the GPT-2 word split of ASCII
-text and the word-by-word assembly of its token ids.
+"""Pre-tokenization of a chat's text for the routing key: the split at added tokens
+(:func:`split_added`), the GPT-2 word split of ASCII text and the word-by-word assembly of
+its token ids.
 
 ``tokenizers``' ``ByteLevel`` pre-tokenizer (``use_regex``) cuts text with GPT-2's pattern;
 on ASCII text it is (:data:`motor.coordinator.tokenize._BYTE_LEVEL_ASCII`, ``re.ASCII``)::
@@ -29,9 +30,13 @@ from cpython.list cimport (PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE, PyLi
 from cpython.ref cimport Py_INCREF
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_Substring
+from libc.string cimport memchr, memcmp
 
 cdef extern from "Python.h":
     int PyUnicode_IS_ASCII(object) except -1
+    int PyUnicode_KIND(object)
+    Py_ssize_t PyUnicode_Find(object, object, Py_ssize_t, Py_ssize_t, int) except -2
+    Py_ssize_t PyUnicode_Tailmatch(object, object, Py_ssize_t, Py_ssize_t, int) except -1
     const unsigned char *PyUnicode_1BYTE_DATA(object)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
 
@@ -164,4 +169,84 @@ def encode_ascii_words(str text, words, miss):
             Py_INCREF(x)
             PyList_SET_ITEM(out, k, x)
             k += 1
+    return out
+
+
+def split_added(str text, str prefix, tuple names, dict ids):
+    """``text`` cut at its added tokens: the text pieces between them (non-empty) and each
+    token's id, in order. ``names``: the tokens, longest first, every one starting with
+    ``prefix`` (not empty); ``ids``: token -> id.
+
+    The same as ``re.split`` with the alternation of ``names`` in a capture group, empty
+    pieces dropped: leftmost match first, there the longest token (the first of ``names``)
+    that starts there; the scan goes on after it.
+
+    Returns
+    -------
+    list of (str or int)
+
+    Raises
+    ------
+    ValueError
+        when ``prefix`` is empty; KeyError when a name has no id.
+    """
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), start = 0, i, k, ln
+    cdef Py_ssize_t np = PyUnicode_GET_LENGTH(prefix), nn = len(names)
+    cdef list out = []
+    cdef const unsigned char *s
+    cdef const unsigned char *hit
+    cdef const unsigned char *nm
+    cdef bint narrow
+    if np == 0:
+        raise ValueError("prefix is expected to be non-empty")
+    # one byte a character (ASCII, Latin-1) in the text and every name: memchr and memcmp
+    narrow = PyUnicode_KIND(text) == 1 and PyUnicode_KIND(prefix) == 1
+    for name in names:
+        narrow = narrow and PyUnicode_KIND(<str>name) == 1
+    if not narrow:
+        return _split_added_wide(text, prefix, names, ids)
+    s = PyUnicode_1BYTE_DATA(text)
+    i = 0
+    while i + np <= n:
+        hit = <const unsigned char *>memchr(s + i, PyUnicode_1BYTE_DATA(prefix)[0],
+                                           n - i)
+        if hit == NULL:
+            break
+        i = hit - s
+        for k in range(nn):
+            name = <str>names[k]
+            ln = PyUnicode_GET_LENGTH(name)
+            nm = PyUnicode_1BYTE_DATA(name)
+            if i + ln <= n and memcmp(s + i, nm, ln) == 0:
+                if i > start:
+                    PyList_Append(out, PyUnicode_Substring(text, start, i))
+                PyList_Append(out, ids[name])
+                start = i + ln
+                i = start
+                break
+        else:
+            i += 1
+    if start < n:
+        PyList_Append(out, text if start == 0 else PyUnicode_Substring(text, start, n))
+    return out
+
+
+cdef list _split_added_wide(str text, str prefix, tuple names, dict ids):
+    """:func:`split_added` on text of any kind (str.find and startswith)."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), start = 0, i
+    cdef list out = []
+    i = PyUnicode_Find(text, prefix, 0, n, 1)
+    while i >= 0:
+        for name in names:
+            if PyUnicode_Tailmatch(text, name, i, n, -1):
+                if i > start:
+                    PyList_Append(out, PyUnicode_Substring(text, start, i))
+                PyList_Append(out, ids[name])
+                start = i + PyUnicode_GET_LENGTH(name)
+                i = PyUnicode_Find(text, prefix, start, n, 1) if start < n else -1
+                break
+        else:
+            i = PyUnicode_Find(text, prefix, i + 1, n, 1) if i + 1 < n else -1
+    if start < n:
+        PyList_Append(out, text if start == 0 else PyUnicode_Substring(text, start, n))
     return out

@@ -57,7 +57,7 @@ import numpy.typing as npt
 import orjson
 
 from motor._fast.hashing import block_hashes
-from motor._fast.pretok import encode_ascii_words
+from motor._fast.pretok import encode_ascii_words, split_added
 from motor.protocol import chat_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -120,6 +120,9 @@ class RoutingTokenizer:
         #: added tokens' split of a chat's text (:func:`piece_splitter`, its pattern in a
         #: capture group), None: encoded whole
         self._split: tuple[re.Pattern[str], dict[str, int]] | None = None
+        #: the same split compiled (:func:`motor._fast.pretok.split_added`): the tokens'
+        #: common prefix, the tokens longest first (the pattern's order), token -> id
+        self._split_fast: tuple[str, tuple[str, ...], dict[str, int]] = ("", (), {})
         #: token ids of the pieces between added tokens (chat texts, see chat_ids)
         self.pieces = TokenCache()
         #: pre-token split of a piece, when its ids are those of its words encoded alone
@@ -149,6 +152,9 @@ class RoutingTokenizer:
                 tj = json.load(f)
             sp = piece_splitter(tj)
             self._split = None if sp is None else (_capturing(sp[1]), sp[1])
+            if sp is not None:
+                names = tuple(sorted(sp[1], key=len, reverse=True))
+                self._split_fast = (os.path.commonprefix(names), names, sp[1])
             self._words_re = word_splitter(tj)
             self._model = self._tok.model
         except Exception as e:  # noqa: BLE001 - file missing / malformed: one clear error
@@ -241,6 +247,9 @@ class RoutingTokenizer:
         sp = self._split
         if sp is None:
             return None
+        pre, names, ids = self._split_fast
+        if pre:     # the tokens share a prefix (ChatML's "<|"): compiled, the same pieces
+            return split_added(text, pre, names, ids)
         # the split's capture group keeps the added tokens: text, token, text, ..., text
         parts = sp[0].split(text)
         added = sp[1]

@@ -90,3 +90,49 @@ def test_what_the_miss_raises_goes_through() -> None:
         raise KeyError(w)
     with pytest.raises(KeyError):
         encode_ascii_words("a b", Words({}), boom)
+
+
+# -- the split at added tokens ---------------------------------------------------------
+
+#: token sets: ChatML's; one where a token is another's prefix and one is the common prefix
+#: itself; Latin-1 names; names wider than one byte a character
+_TOKEN_SETS = [
+    {"<|endoftext|>": 256, "<|im_start|>": 257, "<|im_end|>": 258},
+    {"<|": 5, "<|a|>": 6, "<|a|>b": 7, "<|ab": 8, "<|b": 9},
+    {"\u00e9<": 1, "\u00e9<x>": 2, "\u00e9<xy>": 3},
+    {"<\u65e5": 11, "<\u65e5\u672c>": 12, "<x>": 13},
+]
+
+
+def _reference(text: str, added: dict[str, int]) -> list[str | int]:
+    from motor.coordinator.tokenize import _capturing
+    parts = _capturing(added).split(text)
+    return [added[p] if i & 1 else p for i, p in enumerate(parts) if p]
+
+
+def _args(added: dict[str, int]) -> tuple[str, tuple[str, ...], dict[str, int]]:
+    import os
+    names = tuple(sorted(added, key=len, reverse=True))
+    return os.path.commonprefix(names), names, added
+
+
+_fragments = st.sampled_from(["<", "|", ">", "<|", "|>", "<|im_", "im_end", "<|im_end|>",
+                              "<|im_start|>", "<|endoftext|>", "a", "b", "ab", "<|a|>", "x",
+                              "\u00e9", "\u00e9<", "<x>", "xy>", "<\u65e5", "\u672c>", "\u65e5",
+                              "\n", " ", "system\n", "user"])
+
+
+@settings(max_examples=600, deadline=None, derandomize=True)
+@given(st.sampled_from(range(len(_TOKEN_SETS))),
+       st.one_of(st.lists(_fragments, max_size=16).map("".join), st.text(max_size=30)))
+def test_the_split_at_added_tokens_is_the_regexs(which: int, text: str) -> None:
+    from motor._fast.pretok import split_added
+    added = _TOKEN_SETS[which]
+    got = split_added(text, *_args(added))
+    assert got == _reference(text, added)
+
+
+def test_the_split_needs_a_prefix() -> None:
+    from motor._fast.pretok import split_added
+    with pytest.raises(ValueError, match="prefix"):
+        split_added("a", "", ("a",), {"a": 1})
