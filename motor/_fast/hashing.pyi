@@ -30,3 +30,9 @@ def block_hashes_into(
 
 def hash_block(parent: int, tokens: _Tokens, extra: int = 0) -> int:
     """Hash of one block (len(tokens) is the block size) chained to parent."""
+
+def extend_hashes(
+    prefix: Buffer | npt.NDArray[np.uint64], tokens: _Tokens, block_size: int, extra: int = 0
+) -> npt.NDArray[np.uint64]:
+    """uint64[m] hashes of leading blocks + uint32[n] tokens after them -> uint64[m + n //
+    block_size]: prefix, then the tokens' blocks chained to prefix[-1] (root when empty)."""

@@ -24,6 +24,7 @@ The hash is our own; the only borrowed numbers are the three mix13 constants.
 from libc.stdint cimport uint32_t, uint64_t
 from cpython.buffer cimport PyBuffer_Release
 from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy
 
 cimport numpy as cnp
 import numpy as np
@@ -341,3 +342,70 @@ def hash_block(uint64_t parent, tokens, uint64_t extra=0):
     finally:
         _release_tokens(&tv)
     return h
+
+
+def extend_hashes(prefix, tokens, Py_ssize_t block_size, uint64_t extra=0):
+    """The hashes of a prompt from those of its leading full blocks: ``prefix`` followed by
+    the hashes of the full blocks of ``tokens`` (the tokens after those blocks), chained to
+    the last of ``prefix`` (to the root when it is empty).
+
+    ``extend_hashes(block_hashes(t[:k * bs], bs, 0, e), t[k * bs:], bs, e)`` equals
+    ``block_hashes(t, bs, 0, e)`` (one allocation, no ``numpy.concatenate``).
+
+    Parameters
+    ----------
+    prefix : 1-D buffer of uint64, length m
+        Hashes of the leading full blocks (from :func:`block_hashes`).
+    tokens : 1-D buffer of uint32 (or list of ints), length n
+        The tokens after those blocks.
+    block_size : int
+        Tokens per block, > 0.
+    extra : int, optional
+        Salt as in :func:`block_hashes`.
+
+    Returns
+    -------
+    numpy.ndarray of uint64, shape (m + n // block_size,)
+        A new array.
+
+    Raises
+    ------
+    ValueError
+        ``block_size <= 0``, or a buffer not 1-D.
+    TypeError
+        ``prefix`` not a buffer of 8-byte unsigned ints, or ``tokens`` not of 4-byte ones.
+    """
+    cdef _TokenView tv
+    cdef Py_buffer pv
+    cdef bint have_p = False
+    cdef Py_ssize_t m, n_blocks
+    cdef cnp.npy_intp dims[1]
+    cdef cnp.ndarray out
+    cdef uint64_t *dst
+    cdef const uint64_t *src
+    cdef uint64_t parent
+    if block_size <= 0:
+        raise ValueError(f"block_size is expected to be > 0, got {block_size}")
+    tv.has_view = False
+    tv.owned = NULL
+    try:
+        if mf_get_uint_buffer(prefix, &pv, 8, "prefix") == MF_BUF_NOT_CONTIGUOUS:
+            prefix = _np_ascontiguousarray(prefix)
+            mf_get_uint_buffer(prefix, &pv, 8, "prefix")
+        have_p = True
+        _get_tokens(tokens, &tv)
+        m = pv.shape[0]
+        src = <const uint64_t *>pv.buf
+        n_blocks = tv.n // block_size
+        dims[0] = m + n_blocks
+        out = cnp.PyArray_EMPTY(1, dims, cnp.NPY_UINT64, 0)
+        dst = <uint64_t *>cnp.PyArray_DATA(out)
+        parent = src[m - 1] if m else 0
+        with nogil:
+            memcpy(dst, src, m * sizeof(uint64_t))
+            mh_block_hashes(tv.ptr, n_blocks, block_size, parent, extra, dst + m)
+    finally:
+        if have_p:
+            PyBuffer_Release(&pv)
+        _release_tokens(&tv)
+    return out

@@ -56,7 +56,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from motor._fast.hashing import block_hashes
+from motor._fast.hashing import block_hashes, extend_hashes
 from motor._fast.pretok import encode_ascii_words, split_added
 from motor.protocol import chat_tokenizer
 
@@ -358,12 +358,9 @@ class RoutingTokenizer:
             prefixes.move_to_end(pk)
         n0, h0, tail, _ = st
         rest = self.assemble(plan[cut:]) if cut < len(plan) else []
-        if not len(h0):
-            return n0 + len(rest), block_hashes(tail + rest, block_size, 0, salt)
         if len(tail) + len(rest) < block_size:
             return n0 + len(rest), h0
-        h1 = block_hashes(tail + rest, block_size, int(h0[-1]), salt)
-        return n0 + len(rest), np.concatenate((h0, h1))
+        return n0 + len(rest), extend_hashes(h0, tail + rest, block_size, salt)
 
     @property
     def releases_gil(self) -> bool:
@@ -737,7 +734,7 @@ class Tokenizers:
             key, prompt = self._key(tok, route, body)
             if key is None:
                 return None
-            if key in self.keys or key in self.ids:
+            if key in self.keys or key in self.ids._d:
                 self._rendered = (body, route, tok, key, prompt, None, None)
                 return None
             plan = None
@@ -750,9 +747,12 @@ class Tokenizers:
         except (TokenizeError, ValueError):
             return None
         if plan is not None:
-            pieces = tok.pieces
-            if sum(len(p) for p in plan if type(p) is str and p not in pieces) \
-                    < self.off_loop_min_chars:
+            pieces = tok.pieces._d
+            new_chars = 0
+            for p in plan:
+                if type(p) is str and p not in pieces:
+                    new_chars += len(p)
+            if new_chars < self.off_loop_min_chars:
                 self._rendered = (body, route, tok, key, None, text, plan)
                 return None
         elif len(text) < self.off_loop_min_chars:

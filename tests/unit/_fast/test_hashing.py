@@ -228,3 +228,24 @@ def test_no_collisions_on_structured_inputs():
     for bs in (1, 2, 3, 4):
         chained = hashing.block_hashes(seq, bs)
         assert len(np.unique(chained)) == len(chained)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=80), st.sampled_from([1, 3, 16]),
+       st.integers(0, 8), st.sampled_from([0, 7, 2**64 - 1]))
+def test_extend_hashes_continues_the_chain_of_the_leading_blocks(tokens, bs, k, extra):
+    k = min(k, len(tokens) // bs)
+    head = hashing.block_hashes(tokens[:k * bs], bs, 0, extra)
+    got = hashing.extend_hashes(head, tokens[k * bs:], bs, extra)
+    assert got.dtype == np.uint64
+    assert got.tolist() == hashing.block_hashes(tokens, bs, 0, extra).tolist()
+    strided = np.repeat(head, 2)[::2]                      # a strided prefix is copied
+    assert hashing.extend_hashes(strided, np.array(tokens[k * bs:], np.uint32), bs,
+                         extra).tolist() == got.tolist()
+
+
+def test_extend_hashes_refuses_wrong_inputs():
+    with pytest.raises(ValueError):
+        hashing.extend_hashes(np.zeros(1, np.uint64), [1], 0)
+    with pytest.raises(TypeError):
+        hashing.extend_hashes(np.zeros(1, np.uint32), [1], 1)
