@@ -47,18 +47,21 @@ class ApproximateIndex:
     def __init__(self, cfg: KvApproximateConfig) -> None:
         self.cfg = cfg
         self.index = PrefixIndex(MAX_INSTANCES)
-        self._next_sweep = 0.0
+        #: monotonic seconds of the next TTL sweep (:meth:`sweep`)
+        self.next_sweep = 0.0
 
     def insert(self, slot: int, hashes: npt.NDArray[np.uint64], now: float) -> None:
-        self.index.store(slot, TIER_DEVICE, 0, hashes, now)
-        if self.index.n_nodes > self.cfg.max_blocks:
-            n = self.index.evict_to_cap(self.cfg.max_blocks)
+        index = self.index
+        index.store(slot, TIER_DEVICE, 0, hashes, now)
+        if index.n_nodes > self.cfg.max_blocks:
+            n = index.evict_to_cap(self.cfg.max_blocks)
             metrics.KV_APPROX_EVICTED.labels("cap").inc(n)
-        self.sweep(now)
+        if now >= self.next_sweep:
+            self.sweep(now)
 
     def sweep(self, now: float) -> None:
-        if now >= self._next_sweep:
-            self._next_sweep = now + _SWEEP_PERIOD_S
+        if now >= self.next_sweep:
+            self.next_sweep = now + _SWEEP_PERIOD_S
             n = self.index.evict_older_than(now - self.cfg.ttl_s)
             if n:
                 metrics.KV_APPROX_EVICTED.labels("ttl").inc(n)
@@ -225,7 +228,9 @@ class KvRouter:
         if a is None or not a.index.n_nodes:
             self.exact.match_into(hashes, out)
             return out
-        a.sweep(self.clock())
+        now = self.clock()
+        if now >= a.next_sweep:
+            a.sweep(now)
         if not self.exact.n_nodes:      # approximate mode only: one match
             a.index.match_into(hashes, out)
             return out
@@ -238,9 +243,17 @@ class KvRouter:
                hashes: npt.NDArray[np.uint64] | None) -> None:
         """Approximate mode: ``ep`` got a request whose key has ``hashes``; then
         :attr:`on_routed`, if set, hears of the insertion."""
-        if hashes is None or not len(hashes) or not self.uses_approximate(ep, group):
+        if hashes is None or not len(hashes):
             return
-        self._approx(group).insert(self.slot(ep.key), hashes, self.clock())
+        a = self.approx.get(group or "")    # uses_approximate, without creating the index
+        mode = (a.cfg if a is not None else self.approx_cfg(group)).mode
+        if mode is ApproximateMode.OFF or (mode is not ApproximateMode.ON and self._slots.get(
+                ep.key, -1) in self.event_slots):
+            return
+        if a is None:
+            a = self._approx(group)
+        s = self._slots.get(ep.key)
+        a.insert(self.slot(ep.key) if s is None else s, hashes, self.clock())
         self.update_gauges()
         if self.on_routed is not None:
             self.on_routed(ep, group, hashes)
