@@ -5,9 +5,15 @@ from typing import Any
 def split_ascii_words(text: str) -> list[str]:
     """The words (pre-tokens) of ASCII ``text`` in order; ValueError when not ASCII."""
 
-def encode_ascii_words(text: str, words: Any, miss: Callable[[str], list[int]]) -> list[int]:
-    """The concatenated ids of ``text``'s words from ``words.cur`` (dict), ``miss(word)`` for
-    a word not there; ValueError when not ASCII."""
+class WordIds:
+    """Direct-mapped table of recent words and their ids (``slots``: a power of two)."""
+    def __init__(self, slots: int = 4096) -> None: ...
+    def __len__(self) -> int: ...
+
+def encode_ascii_words(text: str, words: Any, miss: Callable[[str], list[int]],
+                       front: WordIds | None = None) -> list[int]:
+    """The concatenated ids of ``text``'s words from ``front``, else ``words.cur`` (dict),
+    else ``miss(word)``; ValueError when not ASCII."""
 
 def split_added(text: str, prefix: str, names: tuple[str, ...],
                 ids: dict[str, int]) -> list[str | int]:

@@ -27,7 +27,9 @@ ids (``tests/unit/coordinator/test_tokenize_cache.py``).
 from cpython.dict cimport PyDict_GetItemWithError
 from cpython.list cimport (PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE, PyList_New,
                            PyList_SET_ITEM)
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from libc.stdint cimport uint64_t
+from libc.stdlib cimport calloc, free
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_Substring
 from libc.string cimport memchr, memcmp
@@ -126,10 +128,79 @@ def split_ascii_words(str text):
     return out
 
 
-def encode_ascii_words(str text, words, miss):
+cdef class WordIds:
+    """A direct-mapped table of recently seen words and their token ids, in front of the
+    word cache (:func:`encode_ascii_words`): a word found here costs a hash of its bytes and
+    a compare, no ``str`` object nor dict lookup.
+
+    Each of ``slots`` (a power of two, >= 1) entries holds one word and its ids, replaced by
+    the next word that hashes there (FNV-1a of the bytes). A word's ids never change for one
+    tokenizer, so an entry is as good as the cache's; it holds references to both (at most
+    ``slots`` words and lists).
+
+    Raises
+    ------
+    ValueError
+        when ``slots`` is not a power of two >= 1.
+    """
+
+    cdef Py_ssize_t mask
+    cdef PyObject **keys
+    cdef PyObject **vals
+
+    def __cinit__(self, Py_ssize_t slots=4096):
+        if slots < 1 or (slots & (slots - 1)):
+            raise ValueError(f"slots is expected to be a power of two >= 1, got {slots}")
+        self.keys = <PyObject **>calloc(slots, sizeof(PyObject *))
+        self.vals = <PyObject **>calloc(slots, sizeof(PyObject *))
+        if self.keys == NULL or self.vals == NULL:
+            raise MemoryError()
+        self.mask = slots - 1
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.keys != NULL and self.vals != NULL:
+            for i in range(self.mask + 1):
+                Py_XDECREF(self.keys[i])
+                Py_XDECREF(self.vals[i])
+        free(self.keys)
+        free(self.vals)
+
+    def __len__(self):
+        cdef Py_ssize_t i, n = 0
+        for i in range(self.mask + 1):
+            if self.keys[i] != NULL:
+                n += 1
+        return n
+
+    cdef inline Py_ssize_t _slot(self, const unsigned char *w, Py_ssize_t n) noexcept:
+        cdef uint64_t h = 0xcbf29ce484222325ULL
+        cdef Py_ssize_t i
+        for i in range(n):
+            h = (h ^ w[i]) * 0x100000001b3ULL
+        return <Py_ssize_t>((h ^ (h >> 32)) & <uint64_t>self.mask)
+
+    cdef inline object _get(self, Py_ssize_t i, const unsigned char *w, Py_ssize_t n):
+        cdef PyObject *k = self.keys[i]
+        if k != NULL and PyUnicode_GET_LENGTH(<object>k) == n \
+                and memcmp(PyUnicode_1BYTE_DATA(<object>k), w, n) == 0:
+            return <object>self.vals[i]
+        return None
+
+    cdef inline void _put(self, Py_ssize_t i, object word, object ids) noexcept:
+        Py_XDECREF(self.keys[i])
+        Py_XDECREF(self.vals[i])
+        Py_INCREF(word)
+        Py_INCREF(ids)
+        self.keys[i] = <PyObject *>word
+        self.vals[i] = <PyObject *>ids
+
+
+def encode_ascii_words(str text, words, miss, WordIds front=None):
     """Token ids of ASCII ``text``: the ids of its words (:func:`split_ascii_words`)
-    concatenated, each read from ``words.cur`` (a dict word -> list of ids) or, when not
-    there, from ``miss(word)`` (which may replace ``words.cur``: it is read again after).
+    concatenated, each read from ``front`` (when given) or else from ``words.cur`` (a dict
+    word -> list of ids) or, when not there, from ``miss(word)`` (which may replace
+    ``words.cur``: it is read again after); a word not in ``front`` is put there.
 
     Returns
     -------
@@ -141,7 +212,7 @@ def encode_ascii_words(str text, words, miss):
     ValueError
         when ``text`` is not ASCII; what ``miss`` raises.
     """
-    cdef Py_ssize_t n, p = 0, q, i, k, total = 0
+    cdef Py_ssize_t n, p = 0, q, i, k, total = 0, slot = 0
     cdef const unsigned char *s = _ascii(text, &n)
     cdef dict cur = words.cur
     cdef PyObject *got
@@ -149,15 +220,22 @@ def encode_ascii_words(str text, words, miss):
     cdef list out
     while p < n:
         q = _word_end(s, n, p)
-        w = PyUnicode_Substring(text, p, q)
-        got = PyDict_GetItemWithError(cur, w)
-        if got == NULL:
-            ids = miss(w)
-            cur = words.cur
-        else:
-            ids = <object>got
-        if type(ids) is not list:
-            ids = list(ids)
+        ids = None
+        if front is not None:
+            slot = front._slot(s + p, q - p)
+            ids = front._get(slot, s + p, q - p)
+        if ids is None:
+            w = PyUnicode_Substring(text, p, q)
+            got = PyDict_GetItemWithError(cur, w)
+            if got == NULL:
+                ids = miss(w)
+                cur = words.cur
+            else:
+                ids = <object>got
+            if type(ids) is not list:
+                ids = list(ids)
+            if front is not None:
+                front._put(slot, w, ids)
         total += PyList_GET_SIZE(ids)
         PyList_Append(parts, ids)
         p = q

@@ -57,7 +57,7 @@ import numpy.typing as npt
 import orjson
 
 from motor._fast.hashing import block_hashes, extend_hashes
-from motor._fast.pretok import encode_ascii_words, split_added
+from motor._fast.pretok import WordIds, encode_ascii_words, split_added
 from motor.protocol import chat_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -78,6 +78,8 @@ KEYS_MAX_BYTES = 1 << 25
 PREFIXES_MAX_CHARS = 1 << 22
 #: words whose ids are kept per generation (:class:`WordCache`; ~150 bytes a word)
 WORDS_MAX = 1 << 15
+#: slots of the table of recent words in front of it (:class:`motor._fast.pretok.WordIds`)
+WORDS_RECENT = 1 << 12
 #: texts at least this long (characters) are encoded in the thread pool (about 4 KiB of
 #: prompt, ~1k tokens: a few hundred microseconds of encode against ~50 us of thread hop)
 OFF_LOOP_MIN_CHARS = 4096
@@ -129,8 +131,10 @@ class RoutingTokenizer:
         #: (:func:`word_splitter`): ASCII pieces are encoded word by word from :attr:`words`
         self._words_re: re.Pattern[str] | None = None
         self._model: Any = None
-        #: token ids of words (pre-tokens) seen in chat pieces, see :meth:`encode_piece`
+        #: token ids of words (pre-tokens) seen in chat pieces, see :meth:`encode_piece`,
+        #: and the recent ones in a table in front of it (no str nor dict look-up a word)
         self.words = WordCache()
+        self.recent_words = WordIds(WORDS_RECENT)
         #: hash-chain state after a chat's leading plan elements: (block size, salt,
         #: *elements) -> (tokens, hashes of their full blocks, ids of the partial block);
         #: see :meth:`plan_key`
@@ -278,7 +282,7 @@ class RoutingTokenizer:
         if self._words_re is None or not piece.isascii():
             ids: list[int] = self._tok.encode(piece, add_special_tokens=False).ids
             return ids
-        return encode_ascii_words(piece, self.words, self._word_ids)
+        return encode_ascii_words(piece, self.words, self._word_ids, self.recent_words)
 
     def _word_ids(self, word: str) -> list[int]:
         """Token ids of a word (pre-token) not in :attr:`words`' current generation: from

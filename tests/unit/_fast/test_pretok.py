@@ -76,6 +76,38 @@ def test_ids_are_the_words_ids_in_order_and_only_missing_words_are_computed(
     assert got == want and c.missed == missed
 
 
+def _ids(w: str) -> list[int]:
+    return [len(w), *map(ord, w)]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(_ascii, _wordy), max_size=6), st.sampled_from([1, 2, 4, 64]))
+def test_the_table_of_recent_words_gives_the_words_ids(texts: list[str], slots: int) -> None:
+    from motor._fast.pretok import WordIds
+    front = WordIds(slots)
+    c = Words({})
+    c.miss = lambda w: c.cur.setdefault(w, _ids(w))     # type: ignore[method-assign]
+    for text in texts * 2:
+        want = [t for w in _BYTE_LEVEL_ASCII.findall(text) for t in _ids(w)]
+        assert encode_ascii_words(text, c, c.miss, front) == want
+        if len(c.cur) > 3:
+            c.cur.clear()                               # the cache forgets; the table not
+    assert len(front) <= slots
+
+
+def test_a_recent_word_needs_no_cache_look_up() -> None:
+    from motor._fast.pretok import WordIds
+    front = WordIds(64)
+    c = Words({})
+    assert encode_ascii_words("ab cd", c, c.miss, front) == [2, 97, 3, 32] and \
+        c.missed == ["ab", " cd"]
+    c.cur.clear()                                       # not in the cache any more
+    assert encode_ascii_words("ab cd", c, c.miss, front) == [2, 97, 3, 32]
+    assert c.missed == ["ab", " cd"] and len(front) == 2
+    with pytest.raises(ValueError, match="power of two"):
+        WordIds(3)
+
+
 def test_non_ascii_text_is_refused() -> None:
     with pytest.raises(ValueError, match="ASCII"):
         split_ascii_words("x\u00e9y")
