@@ -20,15 +20,9 @@ from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t
 
 cimport numpy as cnp
-import numpy as np
 
 cnp.import_array()
 
-cdef object _np_empty = np.empty
-cdef object _np_zeros = np.zeros
-cdef object _np_intp = np.intp
-cdef object _np_int32 = np.int32
-cdef object _np_float64 = np.float64
 
 
 cdef inline double _number(object o) except? -1.0:
@@ -85,9 +79,17 @@ def gather(list cands, dict slot_of, object match_out, bint local_loads,
     cdef cnp.ndarray arr
     cdef PyObject *s
     cdef object e, key
-    slots = _np_empty(k, _np_intp)
-    overlap = _np_zeros((k, 3), _np_int32)
-    loads = _np_empty((3, k), _np_float64) if local_loads else None
+    # the C API, not np.empty / np.zeros through a Python call (their argument parsing)
+    cdef cnp.npy_intp d1[1]
+    cdef cnp.npy_intp d2[2]
+    d1[0] = k
+    slots = cnp.PyArray_EMPTY(1, d1, cnp.NPY_INTP, 0)
+    d2[0] = k
+    d2[1] = 3
+    overlap = cnp.PyArray_ZEROS(2, d2, cnp.NPY_INT32, 0)
+    d2[0] = 3
+    d2[1] = k
+    loads = cnp.PyArray_EMPTY(2, d2, cnp.NPY_FLOAT64, 0) if local_loads else None
     cdef cnp.intp_t *sl = <cnp.intp_t *>cnp.PyArray_DATA(<cnp.ndarray>slots)
     cdef int32_t *ov = <int32_t *>cnp.PyArray_DATA(<cnp.ndarray>overlap)
     cdef double *ld = <double *>cnp.PyArray_DATA(<cnp.ndarray>loads) if local_loads else NULL
@@ -188,8 +190,10 @@ def uncached(object overlap, double prompt_tokens, double block_size, object tie
     k = cnp.PyArray_DIM(ov, 0)
     o = <const int32_t *>cnp.PyArray_DATA(ov)
     c = <const double *>cnp.PyArray_DATA(cr)
-    unc = _np_empty(k, _np_float64)
-    share = _np_empty(k, _np_float64)
+    cdef cnp.npy_intp d1[1]
+    d1[0] = k
+    unc = cnp.PyArray_EMPTY(1, d1, cnp.NPY_FLOAT64, 0)
+    share = cnp.PyArray_EMPTY(1, d1, cnp.NPY_FLOAT64, 0)
     cdef double *u = <double *>cnp.PyArray_DATA(<cnp.ndarray>unc)
     cdef double *s = <double *>cnp.PyArray_DATA(<cnp.ndarray>share)
     denom = prompt_tokens if prompt_tokens > 1.0 else 1.0
