@@ -16,6 +16,8 @@ Run::
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -32,14 +34,16 @@ PROMPT_TOKENS = 32768
 N = 64
 
 
-@pytest.mark.parametrize("session", [False, True], ids=["no-session", "session"])
-@pytest.mark.parametrize("cost", ["time", "tokens"])
-def test_kv_affinity_decision(benchmark, percentiles, idle_pool, cost, session):
-    benchmark.group = f"kv_affinity.pick[tokens={PROMPT_TOKENS},endpoints={N}]"
+def kv_case(pool: Any, cost: str, session: bool) -> tuple[KvAffinity, list[EndpointState],
+                                                          RequestInfo]:
+    """The benchmark's decision inputs: (policy, endpoints, request) with
+    ``coordinator.kv.cost`` = ``cost`` and, when ``session``, a session whose last endpoint
+    is the 61st; ``pool``: the endpoints' client pool (never used). Also counted by
+    ``bench/decision_cost.py``."""
     rng = np.random.default_rng(5)
     eps = []
     for i in range(N):
-        ep = EndpointState(f"dec-{i}", "m", Role.UNION, "127.0.0.1", 21000 + i, 0, idle_pool)
+        ep = EndpointState(f"dec-{i}", "m", Role.UNION, "127.0.0.1", 21000 + i, 0, pool)
         ep.ready = True
         ep.acquire(int(rng.integers(0, 20000)), int(rng.integers(0, 4000)),
                    int(rng.integers(0, 2000)))
@@ -58,6 +62,14 @@ def test_kv_affinity_decision(benchmark, percentiles, idle_pool, cost, session):
             policy.sessions.routed(f"other-{k}", eps[k % N].key)
         policy.sessions.routed(b"conversation-7", eps[60].key)
         info.session = b"conversation-7"
+    return policy, eps, info
+
+
+@pytest.mark.parametrize("session", [False, True], ids=["no-session", "session"])
+@pytest.mark.parametrize("cost", ["time", "tokens"])
+def test_kv_affinity_decision(benchmark, percentiles, idle_pool, cost, session):
+    benchmark.group = f"kv_affinity.pick[tokens={PROMPT_TOKENS},endpoints={N}]"
+    policy, eps, info = kv_case(idle_pool, cost, session)
     ep = benchmark.pedantic(policy.pick, (eps, info, None), rounds=3000, iterations=1,
                             warmup_rounds=100)
     assert ep in eps

@@ -16,6 +16,8 @@ Run::
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -31,14 +33,16 @@ PROMPT_TOKENS = 32768
 N = 32          # per role: 64 candidates
 
 
-@pytest.mark.parametrize("local", [False, True], ids=["pairs", "pairs+local"])
-def test_joint_decision(benchmark, percentiles, idle_pool, local):
-    benchmark.group = f"pairs.choose[tokens={PROMPT_TOKENS},endpoints={2 * N}]"
+def joint_case(pool: Any) -> tuple[PairChooser, RequestInfo, list[EndpointState],
+                                  list[EndpointState]]:
+    """The benchmark's decision inputs: (chooser, request, prefill endpoints, decode
+    endpoints); ``pool``: the endpoints' client pool (never used). Also counted by
+    ``bench/decision_cost.py``."""
     rng = np.random.default_rng(5)
     ps, ds = [], []
     for i in range(2 * N):
         role = Role.PREFILL if i < N else Role.DECODE
-        ep = EndpointState(f"e-{i}", "m", role, f"10.0.{i // 8}.{i % 8}", 21000 + i, 0, idle_pool)
+        ep = EndpointState(f"e-{i}", "m", role, f"10.0.{i // 8}.{i % 8}", 21000 + i, 0, pool)
         ep.ready = True
         ep.acquire(int(rng.integers(0, 20000)), int(rng.integers(0, 4000)),
                    int(rng.integers(0, 2000)))
@@ -51,6 +55,13 @@ def test_joint_decision(benchmark, percentiles, idle_pool, local):
         j.router.routed(ds[k], "m", hashes[: 2048 - 120 * k])
     info = RequestInfo("m", PROMPT_TOKENS, 128)
     info.block_hashes = hashes
+    return j, info, ps, ds
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["pairs", "pairs+local"])
+def test_joint_decision(benchmark, percentiles, idle_pool, local):
+    benchmark.group = f"pairs.choose[tokens={PROMPT_TOKENS},endpoints={2 * N}]"
+    j, info, ps, ds = joint_case(idle_pool)
     ch = benchmark.pedantic(j.choose, (info, ps, ds, local), rounds=3000, iterations=1,
                             warmup_rounds=100)
     assert ch is not None and ch.d in ds

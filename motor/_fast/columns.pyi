@@ -22,3 +22,7 @@ def uncached(
     tier_credit: npt.NDArray[np.float64],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """(uncached prompt tokens float64[k], cached share of the prompt float64[k])."""
+
+def member_offsets(tp: type) -> tuple[int, int, int, int]:
+    """Byte offsets at which :func:`gather` reads ``key`` and the three counters on
+    instances of ``tp`` (-1: read with ``getattr``)."""

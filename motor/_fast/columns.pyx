@@ -11,17 +11,101 @@ about 70 ns an endpoint and value (12 us for 64 candidates, more than the prefix
 
 Nothing here decides anything: :func:`gather` only copies. The endpoints may be any objects
 with a ``key`` (str) and, when ``local_loads`` is true, the three counters (ints or floats).
+
+Attributes that are ``__slots__`` members (``EndpointState``'s) are read at their byte offset
+in the object: the offsets are looked up once per type (the member descriptors the type's
+attribute lookup finds) and kept while the type is unchanged (its version tag, which
+CPython clears on any change of the type or its bases). Any other object, a type with its
+own ``__getattribute__``, or a slot left unset, goes through the ordinary attribute read.
 """
 from cpython.dict cimport PyDict_GetItem
 from cpython.float cimport PyFloat_AsDouble
 from cpython.long cimport PyLong_AsDouble, PyLong_CheckExact
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.object cimport PyTypeObject, Py_TYPE
 from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t
 
 cimport numpy as cnp
 
 cnp.import_array()
+
+cdef extern from *:
+    """
+    #include "structmember.h"
+    /* The byte offset of the object slot that ``name`` reads on instances of ``tp`` (the
+       member descriptor of a __slots__ entry its attribute lookup finds), -1 when the
+       attribute is anything else or ``tp`` has its own attribute lookup. */
+    static Py_ssize_t col_member_offset(PyTypeObject *tp, PyObject *name) {
+        PyObject *d;
+        PyMemberDef *m;
+        if (tp->tp_getattro != PyObject_GenericGetAttr) return -1;
+        d = _PyType_Lookup(tp, name);
+        if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type) return -1;
+        if (!PyType_IsSubtype(tp, PyDescr_TYPE(d))) return -1;
+        m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX) return -1;
+        return m->offset;
+    }
+    /* ``tp``'s version tag, 0 when it has none (never assigned, or cleared by a change). */
+    static inline unsigned int col_type_tag(PyTypeObject *tp) {
+        return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
+    }
+    /* The object in ``o``'s slot at ``off`` (borrowed), NULL when unset. */
+    static inline PyObject *col_slot(PyObject *o, Py_ssize_t off) {
+        return *(PyObject **)((char *)o + off);
+    }
+    """
+    Py_ssize_t col_member_offset(PyTypeObject *tp, object name) except? -2
+    unsigned int col_type_tag(PyTypeObject *tp) noexcept
+    PyObject *col_slot(PyObject *o, Py_ssize_t off) noexcept
+
+#: the endpoint attributes gather reads, in the order of the offsets below
+cdef enum:
+    A_KEY = 0
+    A_PREFILL = 1
+    A_DECODE = 2
+    A_INFLIGHT = 3
+    N_ATTRS = 4
+
+cdef tuple _names = ("key", "inflight_prefill_tokens", "inflight_decode_tokens", "inflight")
+#: the last type read and its version tag (0: none), the attributes' slot offsets (-1: not
+#: a slot). The type is not referenced: a tag is never given to two types.
+cdef PyTypeObject *_seen_type = NULL
+cdef unsigned int _seen_tag = 0
+cdef Py_ssize_t _offsets[N_ATTRS]
+
+
+cdef int _learn_type(PyTypeObject *tp) except -1:
+    """Look up the attributes' slot offsets of ``tp`` (:data:`_offsets`)."""
+    global _seen_type, _seen_tag
+    cdef int i
+    _seen_tag = 0
+    for i in range(N_ATTRS):
+        _offsets[i] = col_member_offset(tp, _names[i])
+    _seen_type = tp
+    _seen_tag = col_type_tag(tp)     # after the lookups, which assign a tag when none
+    return 0
+
+
+cdef inline object _attr(object e, int i):
+    """Attribute ``_names[i]`` of ``e``, whose type's offsets are in :data:`_offsets`."""
+    cdef Py_ssize_t off = _offsets[i]
+    cdef PyObject *p
+    if off >= 0:
+        p = col_slot(<PyObject *>e, off)
+        if p != NULL:
+            return <object>p
+    return getattr(e, _names[i])
+
+
+def member_offsets(type tp):
+    """The byte offsets at which :func:`gather` reads ``key``, ``inflight_prefill_tokens``,
+    ``inflight_decode_tokens`` and ``inflight`` on instances of ``tp``: tuple of 4 ints,
+    -1 where the attribute is not a ``__slots__`` member read by the ordinary lookup (then
+    :func:`gather` reads it with ``getattr``). For tests and debugging."""
+    return tuple(col_member_offset(<PyTypeObject *>tp, n) for n in _names)
+
 
 
 
@@ -106,9 +190,13 @@ def gather(list cands, dict slot_of, object match_out, bint local_loads,
                              f"got shape {match_out.shape}")
         m = <const int32_t *>cnp.PyArray_DATA(arr)
         n_slots = cnp.PyArray_DIM(arr, 0)
+    cdef PyTypeObject *tp
     for j in range(k):
         e = <object>PyList_GET_ITEM(cands, j)
-        key = e.key
+        tp = Py_TYPE(e)
+        if tp != _seen_type or _seen_tag == 0 or col_type_tag(tp) != _seen_tag:
+            _learn_type(tp)
+        key = _attr(e, A_KEY)
         if favored < 0 and favored_key is not None and (
                 key is favored_key or key == favored_key):
             favored = j
@@ -127,9 +215,9 @@ def gather(list cands, dict slot_of, object match_out, bint local_loads,
                 ov[3 * j + 2] = m[3 * slot + 2]
             sl[j] = slot
         if local_loads:
-            ld[j] = _number(e.inflight_prefill_tokens)
-            ld[k + j] = _number(e.inflight_decode_tokens)
-            ld[2 * k + j] = _number(e.inflight)
+            ld[j] = _number(_attr(e, A_PREFILL))
+            ld[k + j] = _number(_attr(e, A_DECODE))
+            ld[2 * k + j] = _number(_attr(e, A_INFLIGHT))
     return slots, overlap, loads, missing, favored
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from motor._fast.columns import gather, uncached
+from motor._fast.columns import gather, member_offsets, uncached
+from motor.coordinator.endpoints import EndpointState
 
 
 class Ep:
@@ -59,6 +60,66 @@ def test_bad_inputs_are_named() -> None:
     bad.inflight = "many"               # type: ignore[assignment]
     with pytest.raises(TypeError):
         gather([bad], {"a": 0}, None, True)
+
+
+class Slotted:
+    __slots__ = ("key", "inflight_prefill_tokens", "inflight_decode_tokens", "inflight")
+
+    def __init__(self, key: str, prefill: float = 0, decode: float = 0,
+                 inflight: float = 0) -> None:
+        self.key = key
+        self.inflight_prefill_tokens = prefill
+        self.inflight_decode_tokens = decode
+        self.inflight = inflight
+
+
+class Looked(Slotted):
+    __slots__ = ()
+
+    def __getattribute__(self, name: str) -> object:
+        return "k" if name == "key" else 3
+
+
+def test_slot_members_are_read_at_their_offsets_anything_else_by_getattr() -> None:
+    offs = member_offsets(EndpointState)
+    assert min(offs) > 0 and len(set(offs)) == 4
+    assert min(member_offsets(Slotted)) > 0
+    assert member_offsets(Ep) == (-1, -1, -1, -1)          # a __dict__: getattr
+    assert member_offsets(Looked) == (-1, -1, -1, -1)      # its own lookup
+
+    class Prop(Slotted):
+        __slots__ = ()
+        inflight = property(lambda self: 42.0, lambda self, v: None)  # type: ignore[assignment]
+
+    assert member_offsets(Prop)[3] == -1 and member_offsets(Prop)[0] == member_offsets(Slotted)[0]
+    eps = [Slotted("a", 1, 2, 3), Prop("b", 4, 5, 6), Looked("c"), Ep("d", 7, 8, 9),
+           Slotted("e", 10.5, 11, 12)]
+    slots, _, loads, missing, fav = gather(eps, {"a": 0, "b": 1, "k": 2, "d": 3, "e": 4},
+                                           None, True, "e")
+    assert slots.tolist() == [0, 1, 2, 3, 4] and (missing, fav) == (0, 4)
+    assert loads.tolist() == [[1, 4, 3, 7, 10.5], [2, 5, 3, 8, 11], [3, 42, 3, 9, 12]]
+
+
+def test_a_changed_type_and_an_unset_slot_are_read_as_getattr_would() -> None:
+    class Mine(Slotted):
+        __slots__ = ()
+
+    eps = [Mine("a", 1, 2, 3)]
+    assert gather(eps, {}, None, True)[2][:, 0].tolist() == [1, 2, 3]
+    Mine.inflight = property(lambda self: 77.0)            # type: ignore[assignment]
+    assert gather(eps, {}, None, True)[2][:, 0].tolist() == [1, 2, 77]
+    del Mine.inflight                                      # type: ignore[attr-defined]
+    assert gather(eps, {}, None, True)[2][:, 0].tolist() == [1, 2, 3]
+    Slotted.inflight_decode_tokens = property(lambda self: 5.0)   # type: ignore[assignment]
+    try:                                                   # a base changed
+        assert gather(eps, {}, None, True)[2][:, 0].tolist() == [1, 5, 3]
+    finally:
+        del Slotted.inflight_decode_tokens                 # type: ignore[attr-defined]
+    half = Mine.__new__(Mine)
+    half.key = "h"
+    with pytest.raises(AttributeError, match="inflight_prefill_tokens"):
+        gather([half], {}, None, True)
+    assert gather([half], {"h": 0}, None, False)[0].tolist() == [0]
 
 
 def test_uncached_tokens_and_cached_share_per_row() -> None:
