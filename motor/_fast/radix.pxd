@@ -77,5 +77,7 @@ cdef class PrefixIndex:
     cdef int64_t _drop_node_holdings(self, uint32_t node) noexcept nogil
     cdef int _maybe_shrink(self) except -1
     cdef int _debug_check(self) except -1
+    cdef Py_ssize_t _match_one_word(self, const uint64_t *hashes, Py_ssize_t n,
+                                    int32_t *out) noexcept nogil
     cdef Py_ssize_t match_ptr(self, const uint64_t *hashes, Py_ssize_t n,
                               int32_t *out) noexcept nogil

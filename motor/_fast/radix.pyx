@@ -75,6 +75,21 @@ cdef inline uint64_t _home(uint64_t key, int shift) noexcept nogil:
     return (key * RADIX_HOME_MUL) >> shift
 
 
+cdef inline uint32_t _find_in(const RadixSlot *slots, uint64_t mask, int shift,
+                              uint64_t key) noexcept nogil:
+    """:meth:`PrefixIndex._find` on the table's arrays (inlined, no method call)."""
+    cdef uint64_t i
+    if mf_unlikely(key == 0):
+        return RADIX_NO_NODE
+    i = _home(key, shift)
+    while True:
+        if slots[i].key == key:
+            return slots[i].node
+        if slots[i].key == 0:
+            return RADIX_NO_NODE
+        i = (i + 1) & mask
+
+
 cdef inline uint64_t _step(uint64_t *active, uint64_t *p0, uint64_t *p1, uint64_t *p2,
                            const uint64_t *b, int base, Py_ssize_t j, int32_t *out,
                            int32_t *seg) noexcept nogil:
@@ -700,6 +715,51 @@ cdef class PrefixIndex:
             self._debug_check()
         return count
 
+    cdef Py_ssize_t _match_one_word(self, const uint64_t *q, Py_ssize_t n,
+                                    int32_t *out) noexcept nogil:
+        """:meth:`match_ptr` when only the first mask word is used (instances 0..63): the
+        word's masks in registers; each block's node is the last stored child of the
+        previous one when its key matches (one compare), else a table probe (inlined)."""
+        cdef int shift = self._slot_shift
+        cdef uint64_t smask = self._slot_mask
+        cdef size_t stride = <size_t>self._stride
+        cdef const RadixSlot *slots = self._slots
+        cdef const uint64_t *bits = self._bits
+        cdef const uint64_t *keys = self._keys
+        cdef const uint32_t *hint = self._hint
+        cdef int32_t *seg = self._seg_start
+        cdef uint64_t a = self._last_word_mask if self._nwords == 1 else ~(<uint64_t>0)
+        cdef uint64_t p0 = 0, p1 = 0, p2 = 0, ch, m, key
+        cdef Py_ssize_t j, end = n
+        cdef uint32_t node, nxt
+        cdef int inst
+        node = _find_in(slots, smask, shift, q[0])
+        for j in range(n):
+            if node == RADIX_NO_NODE:
+                end = j
+                break
+            if _step(&a, &p0, &p1, &p2, bits + node * stride, 0, j, out, seg) == 0:
+                end = j
+                break
+            if j + 1 < n:
+                key = q[j + 1]
+                nxt = hint[node]
+                if nxt == RADIX_NO_NODE or keys[nxt] != key or key == 0:
+                    nxt = _find_in(slots, smask, shift, key)
+                node = nxt
+        ch = p0 | p1 | p2
+        while ch:
+            inst = mf_ctz64(ch)
+            m = (<uint64_t>1) << inst
+            ch &= ch - 1
+            if p0 & m:
+                out[inst * 3 + 0] += <int32_t>(end - seg[inst])
+            elif p1 & m:
+                out[inst * 3 + 1] += <int32_t>(end - seg[inst])
+            else:
+                out[inst * 3 + 2] += <int32_t>(end - seg[inst])
+        return end
+
     cdef Py_ssize_t match_ptr(self, const uint64_t *q, Py_ssize_t n,
                               int32_t *out) noexcept nogil:
         """Core of :meth:`match`: ``out`` (int32[max_instances * 3], zeroed) gets
@@ -731,6 +791,8 @@ cdef class PrefixIndex:
             p2[w] = 0
         if n <= 0 or W == 0:
             return 0
+        if W == 1:
+            return self._match_one_word(q, n, out)
         if W == self._nwords:
             active[W - 1] = self._last_word_mask
         a1 = active[0]

@@ -353,6 +353,47 @@ def test_large_random_workload_agrees_with_the_reference(seed):
     c_ix._check_invariants()
 
 
+@pytest.mark.parametrize("slots", [64, 256], ids=["one-word", "first-of-four-words"])
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_long_matches_agree_with_the_reference(slots, seed):
+    """Matches of hundreds of blocks (past the look-ahead of the match loop) over held
+    prefixes, branches (a child hint that misses), gaps and tier changes, instances 0..63
+    of 64 or of 256 slots (the KV router's: the match reads the first mask word)."""
+    rng = np.random.default_rng(seed)
+    c_ix, r_ix = radix.PrefixIndex(slots), ref.PrefixIndex(slots)
+    chains = [chain(int(s), int(n)) for s, n in zip(rng.integers(0, 10**9, 3),
+                                                    rng.integers(20, 300, 3))]
+    for _ in range(3):     # branches off a prefix of another chain
+        base = chains[int(rng.integers(len(chains)))]
+        cut = int(rng.integers(1, len(base)))
+        tail = block_hashes(rng.integers(0, 50_000, int(rng.integers(4, 200)) * 4,
+                                         dtype=np.uint32), 4, parent=int(base[cut - 1]))
+        chains.append(np.concatenate([base[:cut], tail]))
+    for step in range(30):
+        c = chains[int(rng.integers(len(chains)))]
+        inst, tier = int(rng.integers(64)), int(rng.integers(3))
+        r = rng.random()
+        if r < 0.7:                             # a held prefix
+            hi = int(rng.integers(1, len(c) + 1))
+            args = (inst, tier, 0, c[:hi], float(step))
+            assert c_ix.store(*args) == r_ix.store(*args)
+        elif r < 0.9:                           # a gap
+            lo = int(rng.integers(len(c)))
+            hi = int(rng.integers(lo, len(c) + 1))
+            assert c_ix.remove(inst, tier, c[lo:hi]) == r_ix.remove(inst, tier, c[lo:hi])
+        else:
+            cap = int(rng.integers(100, 1000))
+            assert c_ix.evict_to_cap(cap) == r_ix.evict_to_cap(cap)
+        if step % 10 == 9:
+            for q in chains:
+                q = q[: int(rng.integers(1, len(q) + 1))]
+                got = m(c_ix, q)
+                assert got.tolist() == r_ix.match(q)
+                assert c_ix.match_into(q, np.zeros((slots, 3), np.int32)) == got.sum(1).max()
+    c_ix._check_invariants()
+
+
 def test_branches_from_a_shared_prefix_match_independently(make):
     """The index keeps one child hint per node; the other branch must still match."""
     ix = make(4)
