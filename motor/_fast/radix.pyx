@@ -719,7 +719,9 @@ cdef class PrefixIndex:
                                     int32_t *out) noexcept nogil:
         """:meth:`match_ptr` when only the first mask word is used (instances 0..63): the
         word's masks in registers; each block's node is the last stored child of the
-        previous one when its key matches (one compare), else a table probe (inlined)."""
+        previous one when its key matches (one compare), else a table probe (inlined). A
+        node whose tier masks are the previous node's changes nothing (the run's
+        instances and their best tiers stay): its step is skipped."""
         cdef int shift = self._slot_shift
         cdef uint64_t smask = self._slot_mask
         cdef size_t stride = <size_t>self._stride
@@ -729,24 +731,38 @@ cdef class PrefixIndex:
         cdef const uint32_t *hint = self._hint
         cdef int32_t *seg = self._seg_start
         cdef uint64_t a = self._last_word_mask if self._nwords == 1 else ~(<uint64_t>0)
-        cdef uint64_t p0 = 0, p1 = 0, p2 = 0, ch, m, key
+        cdef uint64_t p0 = 0, p1 = 0, p2 = 0, ch, m, key, c1, c2, c3
+        cdef const uint64_t *b
         cdef Py_ssize_t j, end = n
         cdef uint32_t node, nxt
         cdef int inst
         node = _find_in(slots, smask, shift, q[0])
-        for j in range(n):
-            if node == RADIX_NO_NODE:
-                end = j
-                break
-            if _step(&a, &p0, &p1, &p2, bits + node * stride, 0, j, out, seg) == 0:
-                end = j
-                break
-            if j + 1 < n:
-                key = q[j + 1]
-                nxt = hint[node]
-                if nxt == RADIX_NO_NODE or keys[nxt] != key or key == 0:
-                    nxt = _find_in(slots, smask, shift, key)
-                node = nxt
+        if node == RADIX_NO_NODE:
+            return 0
+        b = bits + node * stride
+        c1 = b[1]
+        c2 = b[2]
+        c3 = b[3]
+        if _step(&a, &p0, &p1, &p2, b, 0, 0, out, seg) == 0:
+            return 0
+        for j in range(1, n):
+            key = q[j]
+            nxt = hint[node]
+            if nxt == RADIX_NO_NODE or keys[nxt] != key or key == 0:
+                nxt = _find_in(slots, smask, shift, key)
+                if nxt == RADIX_NO_NODE:
+                    end = j
+                    break
+            node = nxt
+            b = bits + node * stride
+            # the any mask b[0] is the tiers' union: the three tier masks decide
+            if b[1] != c1 or b[2] != c2 or b[3] != c3:
+                c1 = b[1]
+                c2 = b[2]
+                c3 = b[3]
+                if _step(&a, &p0, &p1, &p2, b, 0, j, out, seg) == 0:
+                    end = j
+                    break
         ch = p0 | p1 | p2
         while ch:
             inst = mf_ctz64(ch)
