@@ -21,6 +21,10 @@ Run::
     .venv/bin/python bench/decision_cost.py count            # every decision, 2000 calls
     .venv/bin/python bench/decision_cost.py time --runs 5
     .venv/bin/python bench/decision_cost.py count --only pd
+    .venv/bin/python bench/decision_cost.py time --fast-dir DIR   # another build's modules
+
+``--fast-dir DIR``: load the ``motor._fast`` extension modules found in DIR instead of the
+installed ones (``bench/cost_work.py``'s ``load_fast``), to compare builds.
 
 Needs ``valgrind`` (Debian package ``valgrind``) for ``count``.
 """
@@ -56,9 +60,11 @@ def decision(name: str, pool: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]
     return policy.pick, (eps, info, None)
 
 
-def _run(name: str, calls: int) -> None:
+def _run(name: str, calls: int, fast_dir: str | None = None) -> None:
     """The counted body (in the child under callgrind): 100 decisions, then ``calls``
     decisions, each one ``starmap`` step."""
+    from cost_work import load_fast
+    load_fast(fast_dir)
     from motor.http.client import Pool
     pool = Pool("127.0.0.1", 9)
     f, args = decision(name, pool)
@@ -68,7 +74,7 @@ def _run(name: str, calls: int) -> None:
     pool.close()
 
 
-def count(name: str, calls: int) -> float:
+def count(name: str, calls: int, fast_dir: str | None = None) -> float:
     """Instructions per decision ``name`` under callgrind (``calls`` decisions counted)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "cg.out")
@@ -76,7 +82,8 @@ def count(name: str, calls: int) -> float:
         subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no",
                         "--toggle-collect=starmap_next", f"--callgrind-out-file={out}",
                         sys.executable, __file__, "_run", "--only", name, "--calls",
-                        str(calls)], check=True, env=env, capture_output=True)
+                        str(calls)] + (["--fast-dir", fast_dir] if fast_dir else []),
+                       check=True, env=env, capture_output=True)
         with open(out) as fh:
             total = int(re.search(r"^totals: (\d+)", fh.read(), re.M).group(1))  # type: ignore[union-attr]
     return total / calls
@@ -108,14 +115,18 @@ def main() -> None:
                     help="this decision (repeatable; default all)")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=3, help="time: runs per decision")
+    ap.add_argument("--fast-dir", help="load motor._fast extension modules from this folder")
     args = ap.parse_args()
     names = args.only or list(DECISIONS)
     if args.what == "_run":
-        _run(names[0], args.calls)
+        _run(names[0], args.calls, args.fast_dir)
         return
+    if args.what == "time":
+        from cost_work import load_fast
+        load_fast(args.fast_dir)
     for name in names:
         if args.what == "count":
-            print(f"{name:18s} {count(name, args.calls):10,.0f} instructions per decision",
+            print(f"{name:18s} {count(name, args.calls, args.fast_dir):10,.0f} instructions per decision",
                   flush=True)
         else:
             runs = [timed(name, args.calls) for _ in range(args.runs)]
