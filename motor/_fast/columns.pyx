@@ -18,7 +18,7 @@ attribute lookup finds) and kept while the type is unchanged (its version tag, w
 CPython clears on any change of the type or its bases). Any other object, a type with its
 own ``__getattribute__``, or a slot left unset, goes through the ordinary attribute read.
 """
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_GetItemWithError
 from cpython.float cimport PyFloat_AsDouble
 from cpython.long cimport PyLong_AsDouble, PyLong_CheckExact
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
@@ -151,7 +151,8 @@ def gather(list cands, dict slot_of, object match_out, bint local_loads,
     ------
     TypeError
         ``match_out`` not an int32 numpy array; a slot that is not an int; a counter that is
-        not a number.
+        not a number; a key that cannot be hashed (an error of the key's lookup in
+        ``slot_of`` is raised, not taken for a missing slot).
     ValueError
         ``match_out`` of the wrong shape / layout; a slot outside ``0 .. n_slots - 1``.
     AttributeError
@@ -200,7 +201,7 @@ def gather(list cands, dict slot_of, object match_out, bint local_loads,
         if favored < 0 and favored_key is not None and (
                 key is favored_key or key == favored_key):
             favored = j
-        s = PyDict_GetItem(slot_of, key)
+        s = PyDict_GetItemWithError(slot_of, key)
         if s == NULL:
             sl[j] = -1
             missing += 1

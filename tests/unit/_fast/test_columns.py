@@ -56,6 +56,8 @@ def test_bad_inputs_are_named() -> None:
         gather([Ep("a")], {"a": 0}, [[0, 0, 0]], False)
     with pytest.raises(AttributeError):
         gather([object()], {}, None, False)
+    with pytest.raises(TypeError, match="unhashable"):     # not taken for a missing slot
+        gather([Ep([])], {"a": 0}, None, False)              # type: ignore[arg-type]
     bad = Ep("a")
     bad.inflight = "many"               # type: ignore[assignment]
     with pytest.raises(TypeError):
