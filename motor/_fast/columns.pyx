@@ -47,9 +47,10 @@ cdef extern from *:
         if (m->type != T_OBJECT_EX) return -1;
         return m->offset;
     }
-    /* ``tp``'s version tag, 0 when it has none (never assigned, or cleared by a change). */
+    /* ``tp``'s version tag, 0 when it has none (never assigned, or cleared by a change:
+       PyType_Modified sets it to 0 on every version, with or without the flag). */
     static inline unsigned int col_type_tag(PyTypeObject *tp) {
-        return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
+        return tp->tp_version_tag;
     }
     /* The object in ``o``'s slot at ``off`` (borrowed), NULL when unset. */
     static inline PyObject *col_slot(PyObject *o, Py_ssize_t off) {
