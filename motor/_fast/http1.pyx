@@ -25,7 +25,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.unicode cimport PyUnicode_DecodeLatin1
 from libc.string cimport memchr, memcmp, memcpy
 
-from motor._fast.httpscan cimport hs_header_line, hs_is_keep_alive, hs_pchar
+from motor._fast.httpscan cimport (hs_header_line, hs_is_keep_alive, hs_length,
+                                    hs_lower_name, hs_pchar)
 
 import asyncio
 import socket
@@ -730,21 +731,16 @@ cdef class HttpProtocol:
             if i < 0:
                 return 0
             nlen = colon - name_start
-            name = PyBytes_FromStringAndSize(NULL, nlen)
+            name = hs_lower_name(b, name_start, nlen)
             w = PyBytes_AS_STRING(name)
-            for k in range(nlen):
-                w[k] = b[name_start + k] | 32 if 65 <= b[name_start + k] <= 90 \
-                    else b[name_start + k]
             # the headers httptools gives a meaning to: declined, but for a plain
             # Content-Length and Connection: keep-alive
             if nlen == 14 and memcmp(w, b"content-length", 14) == 0:
-                if body_len != -1 or ve - vs > 18:
+                if body_len != -1:
                     return 0
-                body_len = 0
-                for k in range(vs, ve):
-                    if not 48 <= b[k] <= 57:
-                        return 0
-                    body_len = body_len * 10 + (b[k] - 48)
+                body_len = hs_length(b, vs, ve)
+                if body_len < 0:
+                    return 0
             elif nlen == 10 and memcmp(w, b"connection", 10) == 0:
                 if not hs_is_keep_alive(b + vs, ve - vs):
                     return 0

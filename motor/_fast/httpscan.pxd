@@ -11,6 +11,7 @@ taken in a request target (RFC 3986's unreserved, sub-delims, ``:@/?%``); ``hs_v
 visible ASCII, SP or HTAB (a header value's or reason phrase's bytes, obs-text excluded).
 Everything is ``inline`` / ``static``: each module that cimports this file gets its own copy.
 """
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
 cdef extern from *:
     """
@@ -78,13 +79,44 @@ cdef inline Py_ssize_t hs_header_line(const unsigned char *b, Py_ssize_t i, Py_s
     return j + 2
 
 
-cdef inline bint hs_is_keep_alive(const unsigned char *v, Py_ssize_t n) noexcept nogil:
-    """``v[:n]`` is ``keep-alive`` in any letter case."""
-    cdef const char *want = b"keep-alive"
+cdef inline bint hs_is_word(const unsigned char *v, Py_ssize_t n, const char *word,
+                            Py_ssize_t k) noexcept nogil:
+    """``v[:n]`` is the lower-case ``word[:k]`` in any letter case."""
     cdef Py_ssize_t i
-    if n != 10:
+    if n != k:
         return False
-    for i in range(10):
-        if (v[i] | 32) != <unsigned char>want[i]:
+    for i in range(k):
+        if (v[i] | 32) != <unsigned char>word[i]:
             return False
     return True
+
+
+cdef inline bint hs_is_keep_alive(const unsigned char *v, Py_ssize_t n) noexcept nogil:
+    """``v[:n]`` is ``keep-alive`` in any letter case."""
+    return hs_is_word(v, n, b"keep-alive", 10)
+
+
+cdef inline long long hs_length(const unsigned char *b, Py_ssize_t vs,
+                                Py_ssize_t ve) noexcept nogil:
+    """A plain ``Content-Length`` value ``b[vs:ve]`` (1 to 18 ASCII digits), else -1."""
+    cdef long long v = 0
+    cdef Py_ssize_t k
+    if ve - vs > 18 or ve == vs:
+        return -1
+    for k in range(vs, ve):
+        if not 48 <= b[k] <= 57:
+            return -1
+        v = v * 10 + (b[k] - 48)
+    return v
+
+
+cdef inline bytes hs_lower_name(const unsigned char *b, Py_ssize_t i, Py_ssize_t n):
+    """``b[i:i + n]`` (a header name) as bytes, ASCII letters lower-cased."""
+    cdef bytes name = PyBytes_FromStringAndSize(NULL, n)
+    cdef char *w = PyBytes_AS_STRING(name)
+    cdef Py_ssize_t k
+    cdef unsigned char c
+    for k in range(n):
+        c = b[i + k]
+        w[k] = c | 32 if 65 <= c <= 90 else c
+    return name

@@ -31,7 +31,8 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.string cimport memcmp
 
-from motor._fast.httpscan cimport hs_header_line, hs_is_keep_alive, hs_vchar
+from motor._fast.httpscan cimport (hs_header_line, hs_is_keep_alive, hs_is_word,
+                                    hs_length, hs_lower_name, hs_vchar)
 
 import asyncio
 import socket
@@ -108,18 +109,6 @@ cdef inline int _hex(unsigned char c) noexcept nogil:
     if 65 <= c <= 70:
         return c - 55
     return -1
-
-
-cdef inline bint _is_chunked(const unsigned char *v, Py_ssize_t n) noexcept nogil:
-    """``v[:n]`` is ``chunked`` in any letter case."""
-    cdef const char *want = b"chunked"
-    cdef Py_ssize_t i
-    if n != 7:
-        return False
-    for i in range(7):
-        if (v[i] | 32) != <unsigned char>want[i]:
-            return False
-    return True
 
 
 @cython.final
@@ -267,24 +256,19 @@ cdef class Conn:
             if i < 0:
                 return False
             nlen = colon - name_start
-            name = PyBytes_FromStringAndSize(NULL, nlen)
+            name = hs_lower_name(b, name_start, nlen)
             w = PyBytes_AS_STRING(name)
-            for k in range(nlen):
-                w[k] = b[name_start + k] | 32 if 65 <= b[name_start + k] <= 90 \
-                    else b[name_start + k]
             if nlen == 14 and memcmp(w, b"content-length", 14) == 0:
-                if body_len != -1 or ve - vs > 18:
+                if body_len != -1:
                     return False
-                body_len = 0
-                for k in range(vs, ve):
-                    if not 48 <= b[k] <= 57:
-                        return False
-                    body_len = body_len * 10 + (b[k] - 48)
+                body_len = hs_length(b, vs, ve)
+                if body_len < 0:
+                    return False
             elif nlen == 10 and memcmp(w, b"connection", 10) == 0:
                 if not hs_is_keep_alive(b + vs, ve - vs):
                     return False
             elif nlen == 17 and memcmp(w, b"transfer-encoding", 17) == 0:
-                if chunked or not _is_chunked(b + vs, ve - vs):
+                if chunked or not hs_is_word(b + vs, ve - vs, b"chunked", 7):
                     return False
                 chunked = True
             elif (nlen == 7 and memcmp(w, b"upgrade", 7) == 0) \
@@ -418,8 +402,8 @@ cdef class Conn:
         self._feed(prefix + data[i:])
 
     cdef _body_added(self):
-        """After body pieces were added: pause reading above the high-water mark (as
-        ``on_body``) and wake the reader."""
+        """After body pieces were added: pause reading above the high-water mark and wake
+        the reader."""
         if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
@@ -469,10 +453,7 @@ cdef class Conn:
             self.ch_mute = 0
         self.chunks.append(body)
         self.buffered += len(body)
-        if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
-        self._wake()
+        self._body_added()
 
     def on_message_complete(self):
         self.in_msg = False

@@ -351,26 +351,7 @@ def test_fuzz_same_behaviour_as_the_reference(pieces: list[bytes], cuts: list[in
     """Request-like garbage fed to both protocols over an in-memory transport, cut anywhere:
     the same bytes written, the same closing, the same handler calls."""
     data = b"".join(pieces)
-    bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
-    results = []
-    for impl in ("python", "compiled"):
-        async def go(impl: str = impl) -> tuple[list[bytes], bool, int]:
-            srv = HttpServer(make_router([]), max_body_bytes=1000)
-            srv.expect_check = expect_check
-            proto = IMPLS[impl](srv)
-            t = _Transport()
-            proto.connection_made(t)
-            for a, b in zip(bounds, bounds[1:]):
-                proto.data_received(data[a:b])  # type: ignore[attr-defined]
-                for _ in range(3):
-                    await asyncio.sleep(0)
-            for _ in range(5):
-                await asyncio.sleep(0)
-            proto.connection_lost(None)
-            for _ in range(3):
-                await asyncio.sleep(0)
-            return t.out, t.closing, srv.inflight
-        results.append(asyncio.run(go()))
+    results = [asyncio.run(_feed(impl, data, cuts))[:3] for impl in ("python", "compiled")]
     assert results[0] == results[1]
     assert results[0][2] == 0
 
