@@ -178,7 +178,9 @@ odd_objects = st.dictionaries(st.sampled_from(KEYS), json_values, max_size=6)
 @given(st.one_of(st.binary(max_size=300), json_values.map(_dumps), odd_objects.map(_dumps)),
        st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/generate"]))
 def test_malformed_json_bodies(body, path):
-    raw = exchange(post(path, body, b"connection: close\r\n"))
+    # a whole request: the answer may take longer than the default wait on a loaded machine
+    # (asyncio debug mode); the wait only ends the exchange early when no answer comes
+    raw = exchange(post(path, body, b"connection: close\r\n"), 2.0)
     rs = responses(raw)
     assert len(rs) == 1, raw[:300]
     check(*rs[0])
