@@ -51,6 +51,9 @@ ENGINE_FLAGS: dict[str, Any] = {
     "block_size": 32,                       # CPU attention wants a multiple of 32
     "kv_cache_memory_bytes": 8 * 1024 * 1024,  # else the CPU worker takes a share of all RAM
     "disable_uvicorn_access_log": True,
+    # bfloat16 (the CPU build's choice where the CPU has AMX / AVX512-BF16) killed the engine
+    # core at its first forward pass on an AMX machine (2026-12-02; a plain curl, no motor)
+    "dtype": "float32",
 }
 
 

@@ -54,7 +54,8 @@ def test_chat_continues_exactly_as_a_completion_of_its_token_ids(tmp_path: Path)
     log = open(tmp_path / "vllm.log", "wb")
     p = subprocess.Popen([py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                           "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-                          "--enforce-eager", "--max-model-len", "2048", "--block-size", "32",
+                          "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
+                          "--block-size", "32",
                           "--kv-cache-memory-bytes", str(8 * 1024 * 1024),
                           "--disable-uvicorn-access-log"],
                          # stored responses (previous_response_id): vLLM keeps them only

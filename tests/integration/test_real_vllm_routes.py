@@ -42,7 +42,7 @@ from tests.support.procs import free_ports
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(600)]
 
 BASE, EMBED, ADAPTER = "tiny", "tiny-embed", "tiny-lora"
-COMMON = ["--enforce-eager", "--max-model-len", "2048", "--block-size", "32",
+COMMON = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", "--block-size", "32",
           "--kv-cache-memory-bytes", str(8 * 1024 * 1024), "--disable-uvicorn-access-log"]
 
 
