@@ -628,19 +628,14 @@ cdef class UpstreamResponse:
 
         Raises ``UpstreamTimeout`` (no byte for ``idle_timeout_s``), ``UpstreamClosed`` (the
         connection ended before the body was complete)."""
-        cdef Conn c
         while True:
-            data = self._step()
-            if data is not _WAIT:
-                return data
-            c = self._conn
-            w = c._waiter()
-            c._arm(self._idle_timeout_s, _IDLE)
+            got = self._next_or_wait()
+            if got is None or type(got) is bytes:
+                return got
             try:
-                await w
+                await got
             finally:
-                c.waiter = None
-                c._disarm()
+                self._waited()
 
     def __aiter__(self):
         return self._iter()
