@@ -50,7 +50,7 @@ import re
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -59,6 +59,9 @@ import orjson
 from motor._fast.hashing import block_hashes, extend_hashes
 from motor._fast.pretok import WordIds, encode_ascii_words, split_added
 from motor.protocol import chat_tokenizer
+
+if TYPE_CHECKING:
+    from motor.coordinator.chat_splice import SpliceCache
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +120,7 @@ class RoutingTokenizer:
         self.source = source
         self._tok: Any = None
         self._template: Any = None
+        self._splice: SpliceCache | None = None
         self._bos: str | None = None
         self._eos: str | None = None
         #: added tokens' split of a chat's text (:func:`piece_splitter`, its pattern in a
@@ -146,6 +150,8 @@ class RoutingTokenizer:
             return
         from jinja2.sandbox import ImmutableSandboxedEnvironment
         from tokenizers import Tokenizer
+
+        from motor.coordinator.chat_splice import SpliceCache, splice_safe
 
         d = Path(source).expanduser()
         try:
@@ -190,6 +196,9 @@ class RoutingTokenizer:
             env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, sort_keys=False: \
                 json.dumps(x, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
             self._template = env.from_string(tmpl)
+            #: renders by message structure with the contents spliced in, when the
+            #: template only outputs contents (:mod:`motor.coordinator.chat_splice`)
+            self._splice = SpliceCache() if splice_safe(env.parse(tmpl)) else None
             # the template's globals are a ChainMap over the environment's (jinja2 3.x); every
             # render copies them into its context (dict() and set() of the ChainMap: half of
             # a short chat's render). Nothing changes them after this: one flat dict.
@@ -229,8 +238,10 @@ class RoutingTokenizer:
         for k in ("tools", "documents"):
             if body.get(k) is not None:
                 kwargs[k] = body[k]
+        spliced = None if kwargs or self._splice is None else \
+            self._splice.render(messages, bool(add_gen) and not cont, self._render_messages)
         try:
-            text: str = self._template.render(
+            text: str = spliced if spliced is not None else self._template.render(
                 messages=messages, add_generation_prompt=bool(add_gen) and not cont,
                 bos_token=self._bos or "", eos_token=self._eos or "", **kwargs) if kwargs \
                 else self._template.render(messages=messages,
@@ -246,6 +257,15 @@ class RoutingTokenizer:
             cut = text.rfind(last) if last else -1
             if cut >= 0:
                 text = text[: cut + len(last)]
+        return text
+
+    def _render_messages(self, messages: list[dict[str, Any]], add_generation_prompt: object
+                         ) -> str:
+        """The template's text for ``messages`` without extra inputs (the splice cache's
+        render of a new message structure)."""
+        text: str = self._template.render(messages=messages,
+                                          add_generation_prompt=add_generation_prompt,
+                                          bos_token=self._bos or "", eos_token=self._eos or "")
         return text
 
     def chat_ids(self, body: dict[str, Any]) -> list[int]:
