@@ -26,6 +26,9 @@ class Request:
     def header(self, name: bytes, default: bytes | None = None) -> bytes | None: ...
     def query_params(self) -> dict[str, str]: ...
 
+#: what Response.drain returns while the client's socket takes data
+READY: object
+
 class Response:
     started: bool
     finished: bool

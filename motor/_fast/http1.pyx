@@ -209,6 +209,9 @@ cdef class _Ready:
 #: an exhausted iterator: awaiting :data:`_READY` ends at its first step, every time
 cdef object _NO_WAIT = iter(())
 cdef _Ready _READY = _Ready()
+#: :data:`_READY` for Python: what :meth:`Response.drain` returns while the client's socket
+#: takes data (the compiled SSE relay tells by it that it need not wait)
+READY = _READY
 
 
 @cython.final

@@ -9,14 +9,30 @@ event: the loop is C; the next body piece is taken with the response's C method 
 future awaited here (no ``next_chunk`` coroutine per event); the client's ``drain`` is
 awaited as the server's response returns it (no coroutine while the socket takes data).
 
+While the relay waits for the engine, the pieces that arrive are relayed from the
+connection's ``data_received`` itself (:class:`_Pump`, the connection's ``ChunkSink``):
+the same code on the same state as the loop's, but no wake of the request's task (a turn
+of the event loop, a future and a resume of every coroutine up to the server's) per
+piece. The task wakes only to end the leg, for an error (raised where the loop would
+have raised it), for a keep-alive step, or to wait for a slow client (``drain``). The
+pieces run in a copy of the task's context (its context variables, read as they were).
+
 This module imports nothing from ``motor``: ``motor.coordinator.routing.base`` hands it,
 once, with :func:`bind`, the client's exception classes, its ``Silence`` counter, its
-``past_prefill`` test, the keep-alive comment and the largest event it relays.
+``past_prefill`` test, the keep-alive comment, the largest event it relays and the
+server's ready ``drain`` awaitable.
 """
 cimport cython
-from cpython.bytes cimport PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
-from motor._fast.upstream cimport UpstreamResponse
+
+cdef extern from "string.h" nogil:
+    void *memrchr(const void *s, int c, size_t n)
+    void *memmem(const void *haystack, size_t haystacklen, const void *needle,
+                 size_t needlelen)
+from cpython.contextvars cimport PyContext_CopyCurrent, PyContext_Enter, PyContext_Exit
+
+from motor._fast.upstream cimport ChunkSink, UpstreamResponse
 
 import time
 
@@ -29,23 +45,29 @@ cdef object _Silence = None
 cdef object _past_prefill = None
 cdef bytes _KEEPALIVE = b""
 cdef Py_ssize_t _MAX_EVENT = 0
+cdef object _READY = None
 cdef bytes _EMPTY = b""
 
 
 def bind(upstream_timeout not None, upstream_closed not None, silence not None,
-         past_prefill not None, bytes keepalive not None, Py_ssize_t max_event_bytes):
+         past_prefill not None, bytes keepalive not None, Py_ssize_t max_event_bytes,
+         ready=None):
     """Give the relay what it takes from ``motor``: ``UpstreamTimeout`` and
     ``UpstreamClosed`` (the classes the client raises), ``Silence(idle_timeout_s)`` (with
-    ``waited(e)``), ``past_prefill(block) -> bool``, the keep-alive comment (bytes) and the
-    largest SSE event relayed (bytes). Called once at import of the reference's module;
-    again replaces them."""
+    ``waited(e)``), ``past_prefill(block) -> bool``, the keep-alive comment (bytes), the
+    largest SSE event relayed (bytes) and ``ready``: what the compiled server's
+    ``Response.drain`` returns while the client's socket takes data (None: every piece
+    wakes the relay's task). Called once at import of the reference's module; again
+    replaces them."""
     global _UpstreamTimeout, _UpstreamClosed, _Silence, _past_prefill, _KEEPALIVE, _MAX_EVENT
+    global _READY
     _UpstreamTimeout = upstream_timeout
     _UpstreamClosed = upstream_closed
     _Silence = silence
     _past_prefill = past_prefill
     _KEEPALIVE = keepalive
     _MAX_EVENT = max_event_bytes
+    _READY = ready
 
 
 def bound():
@@ -53,93 +75,197 @@ def bound():
     return _Silence is not None
 
 
+cdef Py_ssize_t _last_blank_line(bytes b) noexcept:
+    """``b.rfind(b"\\n\\n")``: from the end by ``memrchr`` (a block nearly always ends with
+    one: a step or two, where ``rfind`` costs about 500 instructions)."""
+    cdef const char *p = PyBytes_AS_STRING(b)
+    cdef Py_ssize_t end = PyBytes_GET_SIZE(b)
+    cdef const char *q
+    while end >= 2:
+        q = <const char *>memrchr(p + 1, 10, end - 1)     # the second "\n" of a pair
+        if q == NULL:
+            return -1
+        if (q - 1)[0] == 10:
+            return q - 1 - p
+        end = q - p
+    return -1
+
+
+cdef Py_ssize_t _count(bytes b, const char *needle, Py_ssize_t k) noexcept:
+    """``b.count(needle)`` (non-overlapping) by ``memmem`` (``bytes.count`` costs about 950
+    instructions on an event)."""
+    cdef const char *p = PyBytes_AS_STRING(b)
+    cdef const char *end = p + PyBytes_GET_SIZE(b)
+    cdef const char *q
+    cdef Py_ssize_t c = 0
+    while end - p >= k:
+        q = <const char *>memmem(p, end - p, needle, k)
+        if q == NULL:
+            break
+        c += 1
+        p = q + k
+    return c
+
+
+def last_blank_line(bytes b not None):
+    """:func:`_last_blank_line` for tests (equals ``b.rfind(b"\\n\\n")``)."""
+    return _last_blank_line(b)
+
+
+def count(bytes b not None, bytes needle not None):
+    """:func:`_count` for tests (equals ``b.count(needle)`` for a non-empty needle)."""
+    if not needle:
+        raise ValueError("empty needle")
+    return _count(b, PyBytes_AS_STRING(needle), PyBytes_GET_SIZE(needle))
+
+
+@cython.final
+cdef class _Pump(ChunkSink):
+    """One relay's state and its step for a body piece, taken by the relay's loop or, while
+    it waits, by the upstream connection (``ChunkSink.take``)."""
+    cdef UpstreamResponse up
+    cdef object resp, rec, route, on_first, on_prefill_done, timing, ctx
+    cdef double t0
+    cdef bint first
+    cdef bytes tail
+    cdef bint wrote
+    cdef double t_tok            # the first event past the prefill (timing only)
+    cdef Py_ssize_t n_tok        # data events relayed after it
+    cdef object silence          # the Silence of the current quiet spell, or None
+    cdef object error            # what a take raised, for the relay to raise
+    cdef object drain            # the client's drain a take left to await
+
+    cdef int take(self, bytes data) except -1:
+        """In ``data_received``: the piece relayed in the relay's context; 1 while the
+        client takes data, 0 to wake the relay (a drain to await, an error to raise)."""
+        cdef int r = 0
+        PyContext_Enter(self.ctx)
+        try:
+            r = self.piece(data)
+        except BaseException as e:
+            self.error = e
+            r = 0
+        PyContext_Exit(self.ctx)
+        return r
+
+    cdef int piece(self, bytes chunk) except -1:
+        """One body piece relayed (the loop body of ``relay_sse_py``): 1 when the client's
+        socket takes more now, 0 when :attr:`drain` is to be awaited first."""
+        cdef Py_ssize_t cut, n
+        self.silence = None
+        if PyBytes_GET_SIZE(self.tail):
+            chunk = self.tail + chunk
+            self.tail = _EMPTY
+        cut = _last_blank_line(chunk)
+        if cut < 0:
+            self.tail = chunk
+            if PyBytes_GET_SIZE(chunk) > _MAX_EVENT:
+                self.up.close()
+                raise _UpstreamClosed(f"SSE event larger than {_MAX_EVENT} bytes "
+                                      f"from the engine", before_response=False)
+            return 1
+        n = PyBytes_GET_SIZE(chunk)
+        if cut + 2 < n:
+            self.tail = chunk[cut + 2:]
+            chunk = chunk[:cut + 2]
+        done_now = None     # on_prefill_done, called once this block is written
+        if self.t_tok:
+            self.n_tok += _count(chunk, b"data:", 5) - _count(chunk, b"[DONE]", 6)
+        elif (self.on_prefill_done is not None or self.timing is not None) \
+                and _past_prefill(chunk):
+            done_now = self.on_prefill_done
+            self.on_prefill_done = None
+            if self.timing is not None:
+                self.t_tok = _perf_counter()
+        resp = self.resp
+        if self.rec is not None:
+            fed = self.rec.feed(chunk)
+            if not fed:
+                if done_now is not None:
+                    done_now()
+                return 1
+            resp.write(fed)
+        else:
+            resp.write(chunk)
+        self.wrote = True
+        if self.first:
+            self.first = False
+            ttft = _perf_counter() - self.t0
+            self.route.ttft.observe(ttft)
+            if self.timing is not None:
+                self.timing.ttft.observe(ttft)
+            if self.on_first is not None:
+                self.on_first()
+        if done_now is not None:    # the load's release and the policy's learning
+            done_now()              # after the token went out
+        d = resp.drain()
+        if d is _READY:
+            return 1
+        self.drain = d
+        return 0
+
+
 async def relay_sse(UpstreamResponse up not None, resp, rec, route, double t0, bint first,
                     idle_timeout_s, on_first=None, on_prefill_done=None, timing=None):
     """``motor.coordinator.routing.base.relay_sse`` (arguments, returns, errors there) for
     a compiled upstream answer."""
-    cdef bytes tail = _EMPTY
-    cdef bytes chunk
-    cdef bint wrote = False
-    cdef double t_tok = 0.0      # the first event past the prefill (timing only)
-    cdef Py_ssize_t n_tok = 0    # data events relayed after it
-    cdef Py_ssize_t cut, n
-    silence = None
+    cdef _Pump pump = _Pump.__new__(_Pump)
+    cdef bint sink = _READY is not None
     if _Silence is None:
         raise RuntimeError("motor._fast.relay is not bound: import motor.coordinator.routing.base")
+    pump.up = up
+    pump.resp = resp
+    pump.rec = rec
+    pump.route = route
+    pump.t0 = t0
+    pump.first = first
+    pump.on_first = on_first
+    pump.on_prefill_done = on_prefill_done
+    pump.timing = timing
+    pump.tail = _EMPTY
+    pump.ctx = PyContext_CopyCurrent() if sink else None
     try:
         while True:
             got = up._next_or_wait()
             if got is not None and type(got) is not bytes:
+                if sink:
+                    up._conn.sink = pump
                 try:
                     await got
                 except _UpstreamTimeout as e:
                     up._waited()
-                    if silence is None:
-                        silence = _Silence(idle_timeout_s)
-                    silence.waited(e)
+                    if pump.silence is None:
+                        pump.silence = _Silence(idle_timeout_s)
+                    pump.silence.waited(e)
                     resp.write(_KEEPALIVE)
                     continue
                 except BaseException:
                     up._waited()
                     raise
                 up._waited()
+                if pump.error is not None:
+                    e = pump.error
+                    pump.error = None
+                    raise e
+                if pump.drain is not None:
+                    d = pump.drain
+                    pump.drain = None
+                    await d
                 continue
             if got is None:
                 break
-            chunk = <bytes>got
-            silence = None
-            if PyBytes_GET_SIZE(tail):
-                chunk = tail + chunk
-                tail = _EMPTY
-            cut = chunk.rfind(b"\n\n")
-            if cut < 0:
-                tail = chunk
-                if PyBytes_GET_SIZE(tail) > _MAX_EVENT:
-                    up.close()
-                    raise _UpstreamClosed(f"SSE event larger than {_MAX_EVENT} bytes "
-                                          f"from the engine", before_response=False)
-                continue
-            n = PyBytes_GET_SIZE(chunk)
-            if cut + 2 < n:
-                tail = chunk[cut + 2:]
-                chunk = chunk[:cut + 2]
-            done_now = None     # on_prefill_done, called once this block is written
-            if t_tok:
-                n_tok += chunk.count(b"data:") - chunk.count(b"[DONE]")
-            elif (on_prefill_done is not None or timing is not None) and _past_prefill(chunk):
-                done_now = on_prefill_done
-                on_prefill_done = None
-                if timing is not None:
-                    t_tok = _perf_counter()
-            if rec is not None:
-                fed = rec.feed(chunk)
-                if not fed:
-                    if done_now is not None:
-                        done_now()
-                    continue
-                resp.write(fed)
-            else:
-                resp.write(chunk)
-            wrote = True
-            if first:
-                first = False
-                ttft = _perf_counter() - t0
-                route.ttft.observe(ttft)
-                if timing is not None:
-                    timing.ttft.observe(ttft)
-                if on_first is not None:
-                    on_first()
-            if done_now is not None:    # the load's release and the policy's learning
-                done_now()              # after the token went out
-            await resp.drain()
+            if not pump.piece(<bytes>got):
+                d = pump.drain
+                pump.drain = None
+                await d
     except (_UpstreamTimeout, _UpstreamClosed, OSError) as e:
-        return e, wrote
-    if n_tok > 0:
-        timing.tpot.observe((_perf_counter() - t_tok) / n_tok)
-    if PyBytes_GET_SIZE(tail):
+        return e, pump.wrote
+    if pump.n_tok > 0:
+        timing.tpot.observe((_perf_counter() - pump.t_tok) / pump.n_tok)
+    if PyBytes_GET_SIZE(pump.tail):
         if rec is not None:
-            resp.write(rec.feed(tail + b"\n\n"))
+            resp.write(rec.feed(pump.tail + b"\n\n"))
         else:
-            resp.write(tail)
-        wrote = True
-    return None, wrote
+            resp.write(pump.tail)
+        pump.wrote = True
+    return None, pump.wrote

@@ -7,6 +7,10 @@ cimport cython
 cdef class Pool
 
 
+cdef class ChunkSink:
+    cdef int take(self, bytes data) except -1
+
+
 @cython.final
 cdef class Conn:
     cdef Pool pool
@@ -39,12 +43,15 @@ cdef class Conn:
     cdef object due_s
     cdef object timer_h
     cdef double timer_at
+    cdef ChunkSink sink
+    cdef readonly Py_ssize_t pumped
     cdef _reset(self)
     cdef _feed(self, data)
     cdef bint _plain_response(self, bytes data)
     cdef _plain_chunks(self, bytes data, Py_ssize_t i)
     cdef _to_httptools(self, bytes data, Py_ssize_t i, bint body, bint after_end=*)
     cdef _body_added(self)
+    cdef _pump(self, ChunkSink sink)
     cdef bint _has_length_or_chunked(self)
     cdef inline _wake(self)
     cdef object _waiter(self)

@@ -111,6 +111,17 @@ cdef inline int _hex(unsigned char c) noexcept nogil:
     return -1
 
 
+cdef class ChunkSink:
+    """Takes a response's body pieces in the connection's ``data_received`` while its
+    reader waits (the compiled SSE relay, ``relay.pyx``): set as ``Conn.sink`` before the
+    reader awaits the future of :meth:`UpstreamResponse._next_or_wait`. :meth:`take`
+    returns 1 to take the next piece the same way, 0 to stop: the connection then drops
+    the sink and wakes the reader (which finds why in the sink). It must not raise."""
+
+    cdef int take(self, bytes data) except -1:
+        return 0
+
+
 @cython.final
 cdef class Conn:
     """One upstream connection (as ``motor.http.client._Conn``); the protocol object is also
@@ -137,6 +148,7 @@ cdef class Conn:
         self.timer_h = None
         self.in_msg = False
         self.plain_responses = 0
+        self.pumped = 0
         self._reset()
 
     cdef _reset(self):
@@ -158,6 +170,7 @@ cdef class Conn:
         self.ch_line = None
         self.mute_head = False
         self.ch_mute = 0
+        self.sink = None
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport):
@@ -402,12 +415,34 @@ cdef class Conn:
         self._feed(prefix + data[i:])
 
     cdef _body_added(self):
-        """After body pieces were added: pause reading above the high-water mark and wake
-        the reader."""
+        """After body pieces were added: to the sink while its reader waits (no wake), else
+        pause reading above the high-water mark and wake the reader."""
+        cdef ChunkSink sink = self.sink
+        if sink is not None:
+            w = self.waiter
+            if w is not None and not w.done():
+                self._pump(sink)
+                return
+            self.sink = None
         if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
         self._wake()
+
+    cdef _pump(self, ChunkSink sink):
+        """The buffered body to ``sink`` now; when it stops, it is dropped and the reader
+        woken. While it takes, the reader's wait bound (the idle timeout) counts from the
+        last piece, as when the reader takes each piece itself."""
+        cdef list chunks = self.chunks
+        data = chunks[0] if len(chunks) == 1 else _EMPTY.join(chunks)
+        self.chunks = []
+        self.buffered = 0
+        self.pumped += 1
+        if sink.take(data) == 0:
+            self.sink = None
+            self._wake()
+        elif self.deadline != 0.0:
+            self._arm(self.due_s, <str>self.due_phase)
 
     # -- httptools callbacks ------------------------------------------------
     def on_message_begin(self):
@@ -572,6 +607,12 @@ cdef class UpstreamResponse:
         self._idle_timeout_s = idle_timeout_s
         self._done = False
 
+    @property
+    def pumped(self):
+        """Body pieces of this connection's answers so far taken by a sink in its
+        ``data_received`` (the compiled SSE relay's: no wake of the reader each)."""
+        return self._conn.pumped
+
     def header(self, name, default=None):
         """First value of header ``name`` (lower-case bytes), or ``default``."""
         for item in self.headers:
@@ -619,8 +660,10 @@ cdef class UpstreamResponse:
         return w
 
     cdef _waited(self):
-        """After the future of :meth:`_next_or_wait` is done (or its wait abandoned)."""
+        """After the future of :meth:`_next_or_wait` is done (or its wait abandoned); a
+        sink set for the wait is dropped."""
         self._conn.waiter = None
+        self._conn.sink = None
         self._conn._disarm()
 
     async def next_chunk(self):

@@ -590,9 +590,10 @@ async def relay_sse_py(up: UpstreamResponse, resp: Response, rec: SseFeed | None
 
 try:
     from motor._fast import relay as _relay
+    from motor._fast.http1 import READY as _READY
     from motor._fast.upstream import UpstreamResponse as _CompiledUp
     _relay.bind(UpstreamTimeout, UpstreamClosed, Silence, past_prefill, KEEPALIVE,
-                MAX_SSE_EVENT_BYTES)
+                MAX_SSE_EVENT_BYTES, _READY)
     _COMPILED_UP: type | None = _CompiledUp
 except ImportError:     # pragma: no cover - the extensions not built: the reference only
     _COMPILED_UP = None

@@ -1,15 +1,22 @@
 """The compiled SSE relay (motor._fast.relay) against the reference
 (``motor.coordinator.routing.base.relay_sse_py``), both over the compiled client's answer
 from a scripted raw-socket engine: the same writes to the client, the same returned error
-and ``wrote`` flag, the same calls of the TTFT / TPOT / first-event / prefill-done hooks."""
+and ``wrote`` flag, the same calls of the TTFT / TPOT / first-event / prefill-done hooks.
+Each with a client whose ``drain`` is a coroutine, the compiled server's ready awaitable
+(the compiled relay then takes pieces in the connection's ``data_received``), or now and
+then a real wait (a slow client: the relay's task wakes to wait, then takes pieces so
+again)."""
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from motor._fast import relay as crelay
+from motor._fast.http1 import READY
 from motor.coordinator.routing import base
 from motor.http.client import COMPILED_POOL
 
@@ -49,15 +56,28 @@ SCRIPTS: dict[str, tuple[list[Any], float, float, bool]] = {
 }
 
 
+DRAINS = ("coroutine", "ready", "slow")
+
+
 class _Resp:
-    def __init__(self, log: list[Any]) -> None:
+    def __init__(self, log: list[Any], drains: str) -> None:
         self.log = log
+        self.drains = drains
+        self.n = 0
 
     def write(self, data: bytes) -> None:
         self.log.append(("write", bytes(data)))
 
-    async def drain(self) -> None:
+    def drain(self) -> Any:
         self.log.append(("drain",))
+        self.n += 1
+        if self.drains == "ready" or (self.drains == "slow" and self.n % 2):
+            return READY
+        return self._wait()
+
+    async def _wait(self) -> None:
+        if self.drains == "slow":
+            await asyncio.sleep(0.002)
 
 
 class _Rec:
@@ -93,7 +113,9 @@ class _Timing:
 
 
 async def _play(relay: Any, steps: list[Any], step_s: float, idle_s: float,
-                with_rec: bool) -> list[Any]:
+                with_rec: bool, drains: str = "coroutine") -> tuple[list[Any], int]:
+    """The relay's calls over the scripted answer, and the pieces the connection's sink
+    took (``UpstreamResponse.pumped``)."""
     ended = asyncio.Event()
 
     async def engine(rd: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
@@ -121,38 +143,48 @@ async def _play(relay: Any, steps: list[Any], step_s: float, idle_s: float,
     try:
         up = await pool.request(b"POST", b"/v1/chat/completions", b"{}", [],
                                 first_byte_timeout_s=2.0, idle_timeout_s=step_s)
-        err, wrote = await relay(up, _Resp(log), _Rec(log) if with_rec else None,
+        err, wrote = await relay(up, _Resp(log, drains), _Rec(log) if with_rec else None,
                                  _Route(log), 0.0, True, idle_s,
                                  on_first=lambda: log.append(("first",)),
                                  on_prefill_done=lambda: log.append(("prefill_done",)),
                                  timing=_Timing(log))
         up.close()
+        pumped = up.pumped
         log.append(("end", None if err is None else (type(err).__name__, str(err)), wrote))
     finally:
         pool.close()
         await asyncio.wait_for(ended.wait(), 5)
         srv.close()
         await srv.wait_closed()
-    return log
+    return log, pumped
 
 
+def _bind(max_event_bytes: int) -> None:
+    crelay.bind(base.UpstreamTimeout, base.UpstreamClosed, base.Silence, base.past_prefill,
+                base.KEEPALIVE, max_event_bytes, READY)
+
+
+@pytest.mark.parametrize("drains", DRAINS)
 @pytest.mark.parametrize("case", sorted(SCRIPTS))
-def test_same_behaviour_as_the_reference(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_same_behaviour_as_the_reference(case: str, drains: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     steps, step_s, idle_s, with_rec = SCRIPTS[case]
     if case == "oversize-event":    # both relays with a 256-byte event bound
         monkeypatch.setattr(base, "MAX_SSE_EVENT_BYTES", 256)
-        crelay.bind(base.UpstreamTimeout, base.UpstreamClosed, base.Silence, base.past_prefill,
-                    base.KEEPALIVE, 256)
+        _bind(256)
     try:
-        ref = asyncio.run(_play(base.relay_sse_py, steps, step_s, idle_s, with_rec))
-        got = asyncio.run(_play(crelay.relay_sse, steps, step_s, idle_s, with_rec))
+        ref, _ = asyncio.run(_play(base.relay_sse_py, steps, step_s, idle_s, with_rec, drains))
+        got, pumped = asyncio.run(_play(crelay.relay_sse, steps, step_s, idle_s, with_rec,
+                                        drains))
     finally:
-        crelay.bind(base.UpstreamTimeout, base.UpstreamClosed, base.Silence, base.past_prefill,
-                    base.KEEPALIVE, base.MAX_SSE_EVENT_BYTES)
+        _bind(base.MAX_SSE_EVENT_BYTES)
     # writes may be cut differently only where the reads were: compare what the client saw
     assert _merged(got) == _merged(ref)
     assert got[-1] == ref[-1]
     assert ref[-1][0] == "end"
+    if drains == "ready" and case in ("events", "events-fed", "split-events"):
+        # pieces after a pause arrive while the relay waits: taken without waking it
+        assert pumped >= 1
 
 
 def _merged(log: list[Any]) -> tuple[bytes, list[Any]]:
@@ -165,6 +197,20 @@ def test_dispatch_by_the_answer_type() -> None:
     """``relay_sse`` takes the compiled relay for the compiled client's answer."""
     assert base._COMPILED_UP is not None
     steps, step_s, idle_s, _ = SCRIPTS["events"]
-    log = asyncio.run(_play(base.relay_sse, steps, step_s, idle_s, False))
+    log, _ = asyncio.run(_play(base.relay_sse, steps, step_s, idle_s, False))
     assert log[-1] == ("end", None, True)
     assert crelay.bound()
+
+
+BYTES = st.lists(st.sampled_from([b"\n", b"\n\n", b"data:", b"[DONE]", b"x", b"da", b"ta:",
+                                  b"[DO", b"NE]", b"\r"]), max_size=30).map(b"".join)
+
+
+@given(BYTES)
+def test_the_relays_block_cut_is_rfind(b: bytes) -> None:
+    assert crelay.last_blank_line(b) == b.rfind(b"\n\n")
+
+
+@given(BYTES, st.sampled_from([b"data:", b"[DONE]", b"\n", b"aa"]))
+def test_the_relays_event_count_is_count(b: bytes, needle: bytes) -> None:
+    assert crelay.count(b, needle) == b.count(needle)
