@@ -26,10 +26,11 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
 
+from libc.string cimport memchr, memcmp
+
+
 cdef extern from "string.h" nogil:
     void *memrchr(const void *s, int c, size_t n)
-    void *memmem(const void *haystack, size_t haystacklen, const void *needle,
-                 size_t needlelen)
 from cpython.contextvars cimport PyContext_CopyCurrent, PyContext_Enter, PyContext_Exit
 
 from motor._fast.upstream cimport ChunkSink, UpstreamResponse
@@ -92,18 +93,22 @@ cdef Py_ssize_t _last_blank_line(bytes b) noexcept:
 
 
 cdef Py_ssize_t _count(bytes b, const char *needle, Py_ssize_t k) noexcept:
-    """``b.count(needle)`` (non-overlapping) by ``memmem`` (``bytes.count`` costs about 950
-    instructions on an event)."""
+    """``b.count(needle)`` (non-overlapping): its first byte by ``memchr``, the rest
+    compared (``bytes.count`` costs about 950 instructions on an event, glibc's ``memmem``
+    about 450 a call)."""
     cdef const char *p = PyBytes_AS_STRING(b)
     cdef const char *end = p + PyBytes_GET_SIZE(b)
     cdef const char *q
     cdef Py_ssize_t c = 0
     while end - p >= k:
-        q = <const char *>memmem(p, end - p, needle, k)
+        q = <const char *>memchr(p, needle[0], end - p - k + 1)
         if q == NULL:
             break
-        c += 1
-        p = q + k
+        if memcmp(q + 1, needle + 1, k - 1) == 0:
+            c += 1
+            p = q + k
+        else:
+            p = q + 1
     return c
 
 
