@@ -12,6 +12,8 @@ else the machine does, so a few percent can be seen. Figures (instructions):
 ``proxy.request.nonstream``    one proxied chat request (1 KB prompt), per request, in the
                                coordinator process (1 worker, round robin, 2 fast backends)
 ``proxy.request.stream``       the same streamed (16 SSE events)
+``proxy.request.stream_paced`` the same with the engine's events 5 ms apart (each reaches
+                               the coordinator in a read of its own, as tokens do)
 =============================  =============================================================
 
 The compiled figures count only inside the measured function (``--toggle-collect`` on its
@@ -65,7 +67,10 @@ PROXY_WARMUP = 200
 PROXY_CONCURRENCY = 8
 
 COMPILED = ("hashing.block_hashes", "radix.match", "scoring.pick", "ring.push_pop")
-PROXY = ("proxy.request.nonstream", "proxy.request.stream")
+PROXY = ("proxy.request.nonstream", "proxy.request.stream", "proxy.request.stream_paced")
+#: milliseconds between a paced stream's events (``proxy.request.stream_paced``): far longer
+#: than the coordinator takes for one under callgrind, so that nearly every event is a read
+PACE_MS = 5
 FIGURES = COMPILED + PROXY
 
 
@@ -194,21 +199,24 @@ async def _load(port: int, body: bytes | Callable[[int], bytes], n: int, first: 
 
 def measure_proxy(python: str, figure: str) -> int:
     """Instructions per request of the coordinator process (``figure``: stream or not)."""
-    stream = figure.endswith(".stream")
+    paced = figure.endswith(".stream_paced")
+    stream = paced or figure.endswith(".stream")
     body = (b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 1024
             + b'"}],"max_tokens":16,"stream":' + (b"true" if stream else b"false") + b"}")
-    return count_coordinator(python, body, PROXY_REQUESTS, PROXY_WARMUP, label=figure)
+    return count_coordinator(python, body, PROXY_REQUESTS, PROXY_WARMUP, label=figure,
+                             backend_args=["--pace-ms", str(PACE_MS)] if paced else [])
 
 
 def count_coordinator(python: str, body: bytes | Callable[[int], bytes], requests: int,
                       warmup: int, *, config: str = "", env: dict[str, str] | None = None,
-                      out_dir: str | None = None, label: str = "proxy") -> int:
+                      out_dir: str | None = None, label: str = "proxy",
+                      backend_args: list[str] | None = None) -> int:
     """Instructions per request of a coordinator (1 worker, 2 fast backends) run by
     ``python`` under callgrind: ``warmup`` requests, then ``requests`` counted (``body``:
     :func:`_load`'s). ``config``: YAML lines added under ``coordinator:`` (2-space indent);
     ``env``: the coordinator's environment (default :func:`_env`); ``out_dir``: where the
-    callgrind file stays (default a temporary folder). Raises :class:`GateError` when a
-    request fails."""
+    callgrind file stays (default a temporary folder); ``backend_args``: options of
+    ``fast_backend.py`` before its ports. Raises :class:`GateError` when a request fails."""
     b1, b2, gw = _free_port(), _free_port(), _free_port()
     with tempfile.TemporaryDirectory(prefix="motor-cost-") as tmp:
         out = os.path.join(out_dir or tmp, f"cg.{label}.out")
@@ -217,8 +225,8 @@ def count_coordinator(python: str, body: bytes | Callable[[int], bytes], request
         cfg = os.path.join(tmp, "coordinator.yaml")
         with open(cfg, "w") as f:
             f.write("coordinator:\n  health_check_interval_s: 86400\n" + config)
-        backend = subprocess.Popen([sys.executable, str(FAST_BACKEND), str(b1), str(b2)],
-                                   env=_env(), start_new_session=True)
+        backend = subprocess.Popen([sys.executable, str(FAST_BACKEND), *(backend_args or ()),
+                                    str(b1), str(b2)], env=_env(), start_new_session=True)
         coord = subprocess.Popen(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no",
              f"--callgrind-out-file={out}", python, "-m", "motor", "--log-level", "warning",

@@ -1,8 +1,10 @@
 """A very fast fake OpenAI backend for proxy benchmarks (motor.http server, pre-encoded answers).
 
-``python bench/fast_backend.py PORT [PORT ...]`` serves ``/health``, ``/v1/models``,
-``/v1/chat/completions`` and ``/v1/completions``: a fixed JSON answer, or, with
-``"stream": true``, 16 SSE events and ``[DONE]``, each event its own write.
+``python bench/fast_backend.py [--pace-ms MS] PORT [PORT ...]`` serves ``/health``,
+``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions``: a fixed JSON answer, or,
+with ``"stream": true``, 16 SSE events and ``[DONE]``, each event its own write. With
+``--pace-ms`` the events are ``MS`` milliseconds apart (each then reaches a proxy in a read
+of its own, as an engine's tokens do).
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import orjson
 from motor.http.server import HttpServer, Request, Response, install_uvloop
 
 TOKENS = 16
+#: seconds between two events of a stream (``--pace-ms``); 0: written at once
+PACE_S = 0.0
 _JSON = orjson.dumps({"id": "cmpl-b", "object": "chat.completion", "created": 0, "model": "m",
                       "choices": [{"index": 0, "message": {"role": "assistant",
                                                            "content": "tok " * TOKENS},
@@ -37,6 +41,9 @@ async def handle(req: Request, resp: Response) -> None:
         resp.start(200)
         for ev in _EVENTS:
             resp.write(ev)
+            if PACE_S:
+                await resp.drain()
+                await asyncio.sleep(PACE_S)
         resp.end(b"data: [DONE]\n\n")
     else:
         resp.send(200, _JSON)
@@ -50,5 +57,9 @@ async def main(ports: list[int]) -> None:
 
 
 if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args[:1] == ["--pace-ms"]:
+        PACE_S = float(args[1]) / 1000.0
+        args = args[2:]
     install_uvloop()
-    asyncio.run(main([int(p) for p in sys.argv[1:]]))
+    asyncio.run(main([int(p) for p in args]))
