@@ -276,6 +276,8 @@ cdef class Response:
     cdef public object tap
     #: headers added to whatever answer is sent (the edge's ``x-ratelimit-*``)
     cdef public object extra_headers
+    #: what a corked answer holds back (``cork``); None: every piece written at once
+    cdef list _corked
 
     def __init__(self, HttpProtocol proto not None, bint keep_alive, bint http10=False):
         self._proto = proto
@@ -314,6 +316,25 @@ cdef class Response:
     def client_gone(self):
         return self._proto.closed
 
+    def cork(self):
+        """Hold back what :meth:`start` and :meth:`write` send until :meth:`flush` or
+        :meth:`end`, which write it in one piece (the reference's ``cork``)."""
+        if self._corked is None:
+            self._corked = []
+
+    def flush(self):
+        """Write what a corked answer holds back (it stays corked)."""
+        cdef list c = self._corked
+        if c:
+            self._corked = []
+            self._proto.write(c[0] if len(c) == 1 else _EMPTY.join(c))
+
+    cdef inline _out(self, data):
+        if self._corked is not None:
+            self._corked.append(data)
+        else:
+            self._proto.write(data)
+
     def send(self, status, body=b"", content_type=b"application/json", headers=()):
         """Send a complete response with ``Content-Length``."""
         cdef list parts
@@ -350,15 +371,15 @@ cdef class Response:
         if content_type == b"text/event-stream":
             parts.append(b"cache-control: no-cache\r\n")
         self._end_head(parts, headers)
-        self._proto.write(_EMPTY.join(parts))
+        self._out(_EMPTY.join(parts))
 
     def write(self, data):
-        """Send one chunk at once (never buffered). Empty data is ignored."""
+        """Send one chunk at once (held back while corked). Empty data is ignored."""
         if data and not self.head:
             if self._chunked:
-                self._proto.write(_chunk(data, False))
+                self._out(_chunk(data, False))
             else:
-                self._proto.write(data)
+                self._out(data)
             if self.tap is not None:
                 self.tap(data)
 
@@ -391,16 +412,20 @@ cdef class Response:
             self.tap(data)
         if not self._chunked:
             if data and not self.head:
-                self._proto.write(data)
+                self._out(data)
         elif data:
-            self._proto.write(_chunk(data, True))
+            self._out(_chunk(data, True))
         else:
-            self._proto.write(_LAST_CHUNK)
+            self._out(_LAST_CHUNK)
+        self.flush()
+        self._corked = None
         self._proto.response_done(self)
 
     def abort(self):
-        """Close the client connection (used when a started stream cannot be ended cleanly)."""
+        """Close the client connection (used when a started stream cannot be ended cleanly);
+        what a corked answer held back is dropped."""
         self.finished = True
+        self._corked = None
         self._proto.close()
 
 

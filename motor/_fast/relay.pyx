@@ -16,6 +16,9 @@ of the event loop, a future and a resume of every coroutine up to the server's) 
 piece. The task wakes only to end the leg, for an error (raised where the loop would
 have raised it), for a keep-alive step, or to wait for a slow client (``drain``). The
 pieces run in a copy of the task's context (its context variables, read as they were).
+A corked answer (``Response.cork``) is flushed as the reference flushes it, before every
+wait, and after each piece taken in ``data_received``; within one turn of the relay's
+task its writes go out together (its last ones with the caller's ``end``).
 
 This module imports nothing from ``motor``: ``motor.coordinator.routing.base`` hands it,
 once, with :func:`bind`, the client's exception classes, its ``Silence`` counter, its
@@ -139,6 +142,7 @@ cdef class _Pump(ChunkSink):
     cdef object silence          # the Silence of the current quiet spell, or None
     cdef object error            # what a take raised, for the relay to raise
     cdef object drain            # the client's drain a take left to await
+    cdef object flush            # a corked answer's flush (Response.cork), or None
 
     cdef int take(self, bytes data) except -1:
         """In ``data_received``: the piece relayed in the relay's context; 1 while the
@@ -150,6 +154,13 @@ cdef class _Pump(ChunkSink):
         except BaseException as e:
             self.error = e
             r = 0
+        if self.flush is not None:      # what this piece wrote goes out now
+            try:
+                self.flush()
+            except BaseException as e:
+                if self.error is None:
+                    self.error = e
+                r = 0
         PyContext_Exit(self.ctx)
         return r
 
@@ -229,10 +240,13 @@ async def relay_sse(UpstreamResponse up not None, resp, rec, route, double t0, b
     pump.timing = timing
     pump.tail = _EMPTY
     pump.ctx = PyContext_CopyCurrent() if sink else None
+    flush = pump.flush = getattr(resp, "flush", None)
     try:
         while True:
             got = up._next_or_wait()
             if got is not None and type(got) is not bytes:
+                if flush is not None:
+                    flush()
                 if sink:
                     up._conn.sink = pump
                 try:
@@ -260,10 +274,14 @@ async def relay_sse(UpstreamResponse up not None, resp, rec, route, double t0, b
             if got is None:
                 break
             if not pump.piece(<bytes>got):
+                if flush is not None:
+                    flush()
                 d = pump.drain
                 pump.drain = None
                 await d
     except (_UpstreamTimeout, _UpstreamClosed, OSError) as e:
+        if flush is not None:
+            flush()
         return e, pump.wrote
     if pump.n_tok > 0:
         timing.tpot.observe((_perf_counter() - pump.t_tok) / pump.n_tok)

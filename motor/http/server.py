@@ -194,7 +194,7 @@ class Response:
     """The answer to one request; exactly one of ``send`` or ``start``..``end`` is used."""
 
     __slots__ = ("_proto", "started", "finished", "status", "_chunked", "keep_alive", "http10",
-                 "head", "tap", "extra_headers")
+                 "head", "tap", "extra_headers", "_corked")
 
     def __init__(self, proto: HttpProtocol, keep_alive: bool, http10: bool = False) -> None:
         self._proto = proto
@@ -210,10 +210,33 @@ class Response:
         self.tap: Callable[[bytes], None] | None = None
         #: headers added to whatever answer is sent (the edge's ``x-ratelimit-*``)
         self.extra_headers: Headers = ()
+        #: what a corked answer holds back (:meth:`cork`); None: every piece written at once
+        self._corked: list[bytes] | None = None
 
     @property
     def client_gone(self) -> bool:
         return self._proto.closed
+
+    def cork(self) -> None:
+        """Hold back what :meth:`start` and :meth:`write` send until :meth:`flush` or
+        :meth:`end`, which write it in one piece (one system call where there were several:
+        a stream's head with its first events, its last events with its end). The caller
+        flushes before it waits for anything."""
+        if self._corked is None:
+            self._corked = []
+
+    def flush(self) -> None:
+        """Write what a corked answer holds back (it stays corked)."""
+        if self._corked:
+            data = b"".join(self._corked)
+            self._corked = []
+            self._proto.write(data)
+
+    def _out(self, data: bytes) -> None:
+        if self._corked is not None:
+            self._corked.append(data)
+        else:
+            self._proto.write(data)
 
     def send(self, status: int, body: bytes = b"", content_type: bytes = b"application/json",
              headers: Headers = ()) -> None:
@@ -269,15 +292,15 @@ class Response:
         if not self.keep_alive:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
-        self._proto.write(b"".join(parts))
+        self._out(b"".join(parts))
 
     def write(self, data: bytes) -> None:
-        """Send one chunk at once (never buffered). Empty data is ignored."""
+        """Send one chunk at once (held back while corked). Empty data is ignored."""
         if data and not self.head:
             if self._chunked:
-                self._proto.write(b"%x\r\n%b\r\n" % (len(data), data))
+                self._out(b"%x\r\n%b\r\n" % (len(data), data))
             else:
-                self._proto.write(data)
+                self._out(data)
             if self.tap is not None:
                 self.tap(data)
 
@@ -294,16 +317,20 @@ class Response:
             self.tap(data)
         if not self._chunked:
             if data and not self.head:
-                self._proto.write(data)
+                self._out(data)
         elif data:
-            self._proto.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
+            self._out(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
         else:
-            self._proto.write(b"0\r\n\r\n")
+            self._out(b"0\r\n\r\n")
+        self.flush()
+        self._corked = None
         self._proto.response_done(self)
 
     def abort(self) -> None:
-        """Close the client connection (used when a started stream cannot be ended cleanly)."""
+        """Close the client connection (used when a started stream cannot be ended cleanly);
+        what a corked answer held back is dropped."""
         self.finished = True
+        self._corked = None
         self._proto.close()
 
 

@@ -516,14 +516,21 @@ async def relay_sse_py(up: UpstreamResponse, resp: Response, rec: SseFeed | None
     Returns (the error that ended the leg or ``None``, whether anything was written). A
     tail without a closing blank line is passed on as sent (case B04 b); an event longer
     than :data:`MAX_SSE_EVENT_BYTES` ends the leg with :class:`UpstreamClosed`.
+
+    A corked answer (``Response.cork``) is flushed before every wait and when the leg ends
+    with an error; after a leg that ended without one, what it wrote last may still be held
+    back for the caller's ``end`` (one write with the end of the answer), or its ``flush``.
     """
     tail = b""
     wrote = False
     silence: Silence | None = None
     t_tok = 0.0      # the first event past the prefill (timing only)
     n_tok = 0        # data events relayed after it
+    flush = getattr(resp, "flush", None)
     try:
         while True:
+            if flush is not None:
+                flush()
             try:
                 chunk = await up.next_chunk()
             except UpstreamTimeout as e:
@@ -574,8 +581,12 @@ async def relay_sse_py(up: UpstreamResponse, resp: Response, rec: SseFeed | None
                     on_first()
             if done_now is not None:    # the load's release and the policy's learning
                 done_now()              # (kv_affinity: a fit) after the token went out
+            if flush is not None:
+                flush()
             await resp.drain()
     except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+        if flush is not None:
+            flush()
         return e, wrote
     if n_tok > 0:
         assert timing is not None
