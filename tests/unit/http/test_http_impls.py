@@ -457,3 +457,56 @@ def test_plain_scanner_declines_a_request_cut_in_two() -> None:
         whole = await _feed("compiled", data, [])
         assert whole[3].plain_requests == 2
     asyncio.run(go())
+
+
+# -- a corked answer (Response.cork / flush) -----------------------------------------------
+async def _corked(impl: str, cork: bool) -> tuple[list[bytes], bool]:
+    """A stream answered with or without ``cork``: what each transport write carried, and
+    whether the protocol closed, after flush points in the middle and at the end."""
+    proto = IMPLS[impl](HttpServer(make_router([])))
+    t = _Transport()
+    proto.connection_made(t)
+    resp = (server.Response if impl == "python" else http1.Response)(proto, True)  # type: ignore[arg-type]
+    if cork:
+        resp.cork()
+    resp.start(200)
+    resp.write(b"data: a\n\n")
+    resp.write(b"")                         # nothing: no chunk
+    assert t.out == [] or not cork
+    resp.flush()
+    resp.flush()                            # nothing held back: no write
+    resp.write(b"data: b\n\n")
+    resp.end(b"data: [DONE]\n\n")
+    return t.out, proto.closed
+
+
+@pytest.mark.parametrize("impl", ["python", "compiled"])
+def test_a_corked_answer_goes_out_at_flush_and_at_its_end(impl: str) -> None:
+    out, closed = asyncio.run(_corked(impl, cork=True))
+    assert len(out) == 2
+    assert out[0].startswith(b"HTTP/1.1 200 OK\r\n") and out[0].endswith(b"\r\n\r\n9\r\ndata: a\n\n\r\n")
+    assert out[1] == b"9\r\ndata: b\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+    plain, plain_closed = asyncio.run(_corked(impl, cork=False))
+    assert len(plain) == 4                  # head, a, b, [DONE] with the end: each at once
+    assert b"".join(plain) == b"".join(out) and plain_closed == closed is False
+
+
+@pytest.mark.parametrize("impl", ["python", "compiled"])
+def test_an_aborted_corked_answer_drops_what_it_held(impl: str) -> None:
+    async def go() -> list[bytes]:
+        proto = IMPLS[impl](HttpServer(make_router([])))
+        t = _Transport()
+        proto.connection_made(t)
+        resp = (server.Response if impl == "python" else http1.Response)(proto, True)  # type: ignore[arg-type]
+        resp.cork()
+        resp.start(200)
+        resp.write(b"data: a\n\n")
+        resp.abort()
+        resp.flush()
+        assert proto.closed
+        return t.out
+    assert asyncio.run(go()) == []
+
+
+def test_corked_answers_are_the_same_in_both_servers() -> None:
+    assert asyncio.run(_corked("python", True)) == asyncio.run(_corked("compiled", True))
