@@ -18,9 +18,57 @@ slice assignment).
   of its file's *current* mapping at every change. It is a base class:
   :func:`motor.coordinator.mpvalues.fast_value_class` makes the subclass that opens the
   files and places the keys (the library's ``MmapedDict``) and calls :meth:`MmapValue.bind`.
+* :class:`BucketCounts`: a histogram child of one process (``LoopHistogramChild`` of
+  :mod:`motor.coordinator.metrics` compiled): its bucket counts and sum in C.
 """
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
-from libc.string cimport memcpy
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport int64_t
+from libc.string cimport memcpy, memset
+
+
+cdef class BucketCounts:
+    """``motor.coordinator.metrics.LoopHistogramChild`` compiled: ``BucketCounts(bounds)``
+    (ascending bucket bounds, seconds); :meth:`observe` counts a value in the first bucket
+    whose bound is >= it (``bisect_left``; the last count: above every bound) and adds it to
+    the sum. ``counts`` (a new list each read) and ``sum`` as the Python class has them.
+    Not thread-safe beyond the GIL: one event loop observes."""
+
+    cdef readonly tuple bounds
+    cdef double *_bounds
+    cdef int64_t *_counts
+    cdef Py_ssize_t _n
+    cdef public double sum
+
+    def __cinit__(self, tuple bounds not None):
+        cdef Py_ssize_t i
+        self._n = len(bounds)
+        self._bounds = <double *>PyMem_Malloc(max(self._n, 1) * sizeof(double))
+        self._counts = <int64_t *>PyMem_Malloc((self._n + 1) * sizeof(int64_t))
+        if self._bounds == NULL or self._counts == NULL:
+            raise MemoryError()
+        for i in range(self._n):
+            self._bounds[i] = bounds[i]
+        memset(self._counts, 0, (self._n + 1) * sizeof(int64_t))
+        self.bounds = bounds
+        self.sum = 0.0
+
+    def __dealloc__(self):
+        PyMem_Free(self._bounds)
+        PyMem_Free(self._counts)
+
+    cpdef observe(self, double amount):
+        """Count ``amount`` (seconds) in the first bucket whose bound is >= it."""
+        cdef Py_ssize_t i = 0
+        while i < self._n and self._bounds[i] < amount:
+            i += 1
+        self._counts[i] += 1
+        self.sum += amount
+
+    @property
+    def counts(self):
+        """Counts per bucket, the last one above every bound (a new list)."""
+        return [self._counts[i] for i in range(self._n + 1)]
 
 
 cdef class LocalValue:

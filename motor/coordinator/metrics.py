@@ -75,6 +75,28 @@ class LoopHistogramChild:
         self.sum += amount
 
 
+def counter_inc(child: Any) -> Any:
+    """The update of a ``Counter`` child for a caller that counts on every request:
+    ``inc(amount)`` of the child's value itself (the compiled or file-backed value that
+    :mod:`motor.coordinator.mpvalues` installed), without the library's checks around it
+    (a child is always observable; callers add positive amounts); the child's own ``inc``
+    when it has no such value."""
+    value = getattr(child, "_value", None)
+    inc = getattr(value, "inc", None)
+    return inc if inc is not None else child.inc
+
+
+try:
+    from motor._fast.metricvalue import BucketCounts as _BucketCounts
+except ImportError:  # pragma: no cover - the extensions not built: the Python class
+    _BucketCounts = None  # type: ignore[assignment, misc]
+
+#: the children :class:`LoopHistogram` makes: :class:`LoopHistogramChild` compiled
+#: (``motor._fast.metricvalue.BucketCounts``, the same counts for the same observations)
+#: when the extension is built
+LOOP_CHILD: Any = _BucketCounts if _BucketCounts is not None else LoopHistogramChild
+
+
 class LoopHistogram:
     """A histogram for one process, for series observed on every request: an observation
     is a ``bisect`` and two additions (about 0.1 us), where prometheus-client's
@@ -106,7 +128,7 @@ class LoopHistogram:
         key = tuple(str(v) for v in values)
         c = self._children.get(key)
         if c is None:
-            c = self._children[key] = LoopHistogramChild(self.bounds)
+            c = self._children[key] = LOOP_CHILD(self.bounds)
         return c
 
     def remove(self, *values: str) -> None:

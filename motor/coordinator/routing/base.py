@@ -141,10 +141,11 @@ class Route:
 
     def count(self, status: int) -> None:
         """Count one answer with ``status`` (``motor_coordinator_requests_total``)."""
-        c = self._status.get(status)
-        if c is None:
-            c = self._status[status] = metrics.REQUESTS.labels(self.name, str(status))
-        c.inc()
+        inc = self._status.get(status)
+        if inc is None:
+            inc = self._status[status] = metrics.counter_inc(
+                metrics.REQUESTS.labels(self.name, str(status)))
+        inc(1.0)
 
     def fail(self, resp: Response, status: int, message: str, headers: Headers = (),
              param: str | None = None) -> None:
