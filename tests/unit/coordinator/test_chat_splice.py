@@ -166,14 +166,19 @@ def test_the_routing_tokenizer_splices_the_sims_template(model_dir: Path) -> Non
     assert (tok._splice.misses, tok._splice.hits) == (1, 5)
 
 
-def test_template_errors_still_reach_the_request(tmp_path: Path) -> None:
+def _tokenizer_with(tmp_path: Path, template: str) -> RoutingTokenizer:
+    """The sim's tokenizer directory with ``template`` as its chat template."""
     d = write_model_dir(tmp_path / "m")
     cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = ("{% for m in messages %}{% if loop.index0 % 2 == 0 and "
-                            "m.role != 'user' %}{{ raise_exception('user first') }}{% endif %}"
-                            "{{ m.content }}{% endfor %}")
+    cfg["chat_template"] = template
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    tok = RoutingTokenizer(str(d))
+    return RoutingTokenizer(str(d))
+
+
+def test_template_errors_still_reach_the_request(tmp_path: Path) -> None:
+    tok = _tokenizer_with(tmp_path, "{% for m in messages %}{% if loop.index0 % 2 == 0 and "
+                                    "m.role != 'user' %}{{ raise_exception('user first') }}"
+                                    "{% endif %}{{ m.content }}{% endfor %}")
     assert tok._splice is not None
     for _ in range(2):
         with pytest.raises(TokenizeError, match="user first"):
@@ -182,11 +187,7 @@ def test_template_errors_still_reach_the_request(tmp_path: Path) -> None:
 
 
 def test_a_template_that_trims_is_rendered_whole(tmp_path: Path) -> None:
-    d = write_model_dir(tmp_path / "m")
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = LLAMA3_LIKE
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    tok = RoutingTokenizer(str(d))
+    tok = _tokenizer_with(tmp_path, LLAMA3_LIKE)
     assert tok._splice is None
     msgs = [{"role": "system", "content": "  sys  "}, {"role": "user", "content": " hi "}]
     assert tok.render_chat({"messages": msgs}) == \
