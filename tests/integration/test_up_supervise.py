@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,10 @@ from motor.up import FORCE_AFTER_S
 from tests.support.procs import free_ports, pids_matching
 
 MODEL = "motor-sim"
+
+#: asyncio's debug-mode line for a slow step: "WARNING asyncio[pid]: Executing <...> took
+#: 0.118 seconds" (asyncio.base_events, under PYTHONASYNCIODEBUG=1 only)
+_ASYNCIO_SLOW = re.compile(r" WARNING asyncio\[\d+\]: Executing .* took \d+\.\d+ seconds$")
 
 
 @dataclass
@@ -245,9 +250,12 @@ def test_sigterm_finishes_16_streams_in_flight_then_stops_everything(tmp_path: P
         assert "draining 16 in-flight request(s)" in (up.logs / "coordinator.log").read_text()
     assert _leftovers(base) == []
     # a clean start and stop (in order: the controller listens before a node manager
-    # registers, the coordinator finds the instances registered) logs no warning
+    # registers, the coordinator finds the instances registered) logs no warning; asyncio's
+    # own debug-mode report of a callback over 0.1 s (CI's second pass runs everything with
+    # PYTHONASYNCIODEBUG=1, on a loaded 2-core machine) is a timing, not motor's warning
     for log in [up.err, *sorted(up.logs.glob("*.log"))]:
-        warnings = [ln for ln in log.read_text().splitlines() if " WARNING " in ln]
+        warnings = [ln for ln in log.read_text().splitlines()
+                    if " WARNING " in ln and not _ASYNCIO_SLOW.search(ln)]
         assert warnings == [], (log.name, warnings)
 
 
