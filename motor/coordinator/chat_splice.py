@@ -36,8 +36,6 @@ _STR_TESTS = {"string": True, "defined": True, "undefined": False, "none": False
               "false": False, "callable": False}
 #: attribute names of a message that reach its content without naming it (``.get``...)
 _DICT_ATTRS = frozenset(dir(dict))
-#: keys a spliced message may have (others: rendered whole)
-_MESSAGE_KEYS = frozenset(("role", "content", "name"))
 
 #: kinds of values the check follows
 _LIST, _MSG, _TEXT = "messages", "message", "content"

@@ -443,12 +443,10 @@ class UnionPath(RequestPath):
                       ) -> None:
         """Relay a streamed answer, continuing it on another instance when its engine fails
         (``rec`` set) or restarting it while no event reached the client; ends exactly once.
-        The answer is corked (``Response.cork``, where the server has it): its head goes out
+        The answer is corked (``Response.cork``): its head goes out
         with the first events, each read's events in one write, the last ones with the end
         (the relay flushes before it waits, :meth:`_next_leg` before it dispatches)."""
-        cork = getattr(resp, "cork", None)
-        if cork is not None:
-            cork()
+        resp.cork()
         resp.start(200, content_type=leg.ctype, headers=p.rid_header)
         status = 200
         wrote_any = False
@@ -524,9 +522,7 @@ class UnionPath(RequestPath):
         """Open the next leg of a broken stream (``v``: CONTINUE) on another endpoint; ends
         the answer with an error event when none takes it."""
         ep = leg.ep
-        flush = getattr(resp, "flush", None)
-        if flush is not None:       # what the broken leg relayed goes out before the wait
-            flush()
+        resp.flush()        # what the broken leg relayed goes out before the wait
         leg.lease.release()
         metrics.FAILOVERS.labels(v.reason).inc()
         logger.info("stream from %s continues elsewhere (%s, leg %d)", ep.url, v.reason,
