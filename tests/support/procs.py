@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import select
 import signal
 import socket
@@ -11,21 +12,48 @@ import time
 import urllib.request
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (``net.ipv4.ip_local_port_range``), inclusive."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _port_window(n: int) -> tuple[int, int]:
+    """Where to look for ``n`` ports: ``[first, last]`` outside the ephemeral range.
+
+    A port taken from the ephemeral range is free when probed but any process's next outgoing
+    connect() may take it as its local port before the test's server binds it (a controller's
+    etcd client did, to an engine port of the HA cluster). Below the range (or above it, when it
+    starts too low) only explicit binds take ports.
+    """
+    lo, hi = _ephemeral_range()
+    if lo - 10000 >= 1000 + n:
+        return 10000, lo - n - 1
+    if 65535 - hi >= 1000 + n:
+        return hi + 1, 65535 - n
+    return 1024, 65535 - n
+
+
 def free_ports(n: int, consecutive: bool = False) -> list[int]:
-    """``n`` ports free on 127.0.0.1 now (consecutive when asked)."""
+    """``n`` ports free on 127.0.0.1 now (consecutive when asked), outside the ephemeral range.
+
+    Raises RuntimeError when 200 random tries found none.
+    """
+    first, last = _port_window(n)
     for _ in range(200):
+        base = random.randint(first, last)
+        ports = list(range(base, base + n)) if consecutive else \
+            sorted(random.sample(range(first, last + n), n))
         socks = []
         try:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            base = s.getsockname()[1]
-            ports = [base]
-            for i in range(1, n):
-                t = socket.socket()
-                t.bind(("127.0.0.1", base + i if consecutive else 0))
-                socks.append(t)
-                ports.append(t.getsockname()[1])
+            for p in ports:
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
             return ports
         except OSError:
             continue

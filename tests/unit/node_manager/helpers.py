@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
-import socket
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -12,27 +10,15 @@ from typing import Any
 
 import uvloop
 
+from tests.support import procs
+
 FAKE_ENGINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_engine.py")
 FAKE_LAUNCHER = [sys.executable, FAKE_ENGINE]
 
 
 def free_ports(n: int = 1) -> int:
-    """First of ``n`` consecutive free loopback ports."""
-    for _ in range(200):
-        base = random.randint(20000, 60000 - n)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free ports")
+    """First of ``n`` consecutive free loopback ports (outside the ephemeral range)."""
+    return procs.free_ports(n, consecutive=True)[0]
 
 
 def pid_alive(pid: int) -> bool:
