@@ -445,7 +445,16 @@ cdef class HttpProtocol:
     cdef list _body
     cdef Py_ssize_t _body_len
     cdef object _queue
+    #: the connection's task: answers its requests one after another, parked on
+    #: ``_waiter`` between them (one task per connection, not one per request)
     cdef object _task
+    #: set while the connection's task is parked waiting for the next request
+    cdef object _waiter
+    #: the request (and its response) handed to the parked task
+    cdef Request _next_req
+    cdef Response _next_resp
+    #: a request is being answered (its response not finished yet)
+    cdef bint _busy
     cdef Response _current
     cdef public bint closed
     cdef bint _paused
@@ -479,6 +488,10 @@ cdef class HttpProtocol:
         self._body_len = 0
         self._queue = _deque()
         self._task = None
+        self._waiter = None
+        self._next_req = None
+        self._next_resp = None
+        self._busy = False
         self._current = None
         self.closed = False
         self._paused = False
@@ -525,7 +538,7 @@ cdef class HttpProtocol:
         try:
             self._parser.feed_data(data)
         except _HttpParserUpgrade:
-            if self._task is not None:
+            if self._busy:
                 # the request asking for it is answered as plain HTTP/1.1 (a server may ignore
                 # Upgrade, RFC 9110 section 7.8); what follows it is no HTTP/1.1: the
                 # connection closes after the answers
@@ -543,8 +556,9 @@ cdef class HttpProtocol:
     def connection_lost(self, exc):
         self.closed = True
         self._server.connections.discard(self)
-        if self._task is not None and not self._task.done():
+        if self._busy and self._task is not None and not self._task.done():
             self._task.cancel()
+        self._unpark()
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_exception(ConnectionResetError("client closed the connection"))
         self._queue.clear()
@@ -634,7 +648,7 @@ cdef class HttpProtocol:
                     status, message, headers = final
                     self._reject(status, message, headers)
                 return
-        if self._parser.get_http_version() != _HTTP10 and self._task is None \
+        if self._parser.get_http_version() != _HTTP10 and not self._busy \
                 and self._transport is not None and not self.closed:
             self._transport.write(_CONTINUE)
 
@@ -697,7 +711,7 @@ cdef class HttpProtocol:
         req.keep_alive = keep_alive
         req.peer = self._peer
         req.http10 = http10
-        if self._task is None:
+        if not self._busy:
             self._start(req)
         elif len(self._queue) >= 64:
             self._reject(429, "too many pipelined requests")
@@ -813,41 +827,85 @@ cdef class HttpProtocol:
             return
         resp.keep_alive = req.keep_alive
         self._current = resp
+        self._busy = True
+        w = self._waiter
+        if w is not None:
+            # the connection's task waits for its next request: handed over, no new task
+            self._waiter = None
+            self._next_req = req
+            self._next_resp = resp
+            w.set_result(None)
+            return
         loop = self._loop
         if loop is None:
             loop = self._loop = _get_running_loop()
-        self._task = loop.create_task(self._run(req, resp))
+        self._task = loop.create_task(self._serve(req, resp))
 
-    async def _run(self, Request req, Response resp):
-        # counted inside the coroutine: a task cancelled before its first step (the client left
-        # in the same loop tick) never runs its finally, so it must not have counted either
+    cdef _unpark(self):
+        """End the connection's task if it waits for a next request (the connection
+        closes)."""
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            w.cancel()
+
+    async def _serve(self, Request req, Response resp):
+        """The connection's task: answers ``req``, then each request handed over by
+        :meth:`_start` while it waits. It ends when the connection closes, when a request
+        started while its handler still ran (pipelined, or sent right after an answer the
+        handler outlived: that one has a task of its own, as before), or when a handler left
+        a cancellation request on it (``Task.cancelling``: a later request's timeouts must
+        not see it)."""
         server = self._server
-        server.inflight += 1
-        try:
-            await server.handler(req, resp)
-        except _CancelledError:
-            if not resp.finished and not self.closed:
-                self.close()
-            raise
-        except Exception:
-            _logger.exception("handler failed for %s %s", req.method.decode(), req.path)
-            if not resp.started and not self.closed:
-                resp.send(500, _error_body(500, "internal error in motor"))
-            elif not resp.finished:
-                resp.abort()
-        finally:
-            server.inflight -= 1
-            if not resp.finished and not self.closed:
-                # a handler that returned without answering: never leave the client hanging
-                if not resp.started:
-                    resp.send(500, _error_body(500, "no response produced"))
-                else:
+        task = self._task      # this task: set by create_task before the first step
+        while True:
+            # counted inside the coroutine: a task cancelled before its first step (the
+            # client left in the same loop tick) never runs its finally, so it must not have
+            # counted either
+            server.inflight += 1
+            try:
+                await server.handler(req, resp)
+            except _CancelledError:
+                if not resp.finished and not self.closed:
+                    self.close()
+                raise
+            except Exception:
+                _logger.exception("handler failed for %s %s", req.method.decode(), req.path)
+                if not resp.started and not self.closed:
+                    resp.send(500, _error_body(500, "internal error in motor"))
+                elif not resp.finished:
                     resp.abort()
+            finally:
+                server.inflight -= 1
+                if not resp.finished and not self.closed:
+                    # a handler that returned without answering: never leave the client
+                    # hanging
+                    if not resp.started:
+                        resp.send(500, _error_body(500, "no response produced"))
+                    else:
+                        resp.abort()
+            req = None
+            resp = None
+            if self._task is not task or self._busy or self.closed or task.cancelling():
+                return
+            w = self._loop.create_future()
+            self._waiter = w
+            try:
+                await w
+            except _CancelledError:
+                # closed while waiting (close / connection_lost), or the task cancelled
+                if self._waiter is w:
+                    self._waiter = None
+                return
+            req = self._next_req
+            resp = self._next_resp
+            self._next_req = None
+            self._next_resp = None
 
     cpdef response_done(self, Response resp):
         """The answer ``resp`` was sent: close (no keep-alive, draining), start the next
         pipelined request, or wait for one."""
-        self._task = None
+        self._busy = False
         self._current = None
         server = self._server
         if not resp.keep_alive or server.draining:
@@ -874,7 +932,7 @@ cdef class HttpProtocol:
         self._rejected = True
         if self._transport is None or self.closed:
             return
-        if self._task is not None:
+        if self._busy:
             # pipelined after requests still being answered: their answers go first
             # (response_done), then this one, and the connection closes
             if self._deferred is None:
@@ -950,7 +1008,8 @@ cdef class HttpProtocol:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
         self.closed = True
+        self._unpark()
 
     cpdef bint idle(self):
         """No request being answered and none queued."""
-        return self._task is None and not self._queue
+        return not self._busy and not self._queue
