@@ -124,6 +124,25 @@ cdef bytes _hex_chunk(bytes data, bint last):
     return <bytes>out
 
 
+cdef bytes _decimal(Py_ssize_t n):
+    """``b"%d" % n`` for ``n >= 0`` (a ``Content-Length`` value) without the formatter."""
+    cdef char digits[24]
+    cdef int nd = 0
+    cdef size_t v = <size_t>n
+    cdef int i
+    while True:
+        digits[nd] = 48 + <char>(v % 10)
+        nd += 1
+        v //= 10
+        if v == 0:
+            break
+    out = PyBytes_FromStringAndSize(NULL, nd)
+    cdef char *p = PyBytes_AS_STRING(out)
+    for i in range(nd):
+        p[i] = digits[nd - 1 - i]
+    return <bytes>out
+
+
 cdef inline object _chunk(object data, bint last):
     if type(data) is bytes:
         return _hex_chunk(<bytes>data, last)
@@ -343,7 +362,7 @@ cdef class Response:
         self.started = self.finished = True
         self.status = status
         parts = [_status(status), b"content-type: ", content_type,
-                 b"\r\ncontent-length: ", b"%d" % len(body), b"\r\n"]
+                 b"\r\ncontent-length: ", _decimal(len(body)), b"\r\n"]
         self._end_head(parts, headers)
         if not self.head:
             parts.append(body)
