@@ -54,6 +54,19 @@ from motor.protocol.instances import (KNOWN_SCHEMES, Endpoint, Instance, Instanc
 
 logger = logging.getLogger(__name__)
 
+#: changes of what makes an endpoint a candidate (its ``ready``, the models it serves, its
+#: breaker's state, a table's endpoints), counted in the process: a candidate list cached
+#: at one count stays right until the next (:meth:`EndpointTable.candidates`)
+_CANDIDACY = [0]
+
+
+def candidacy_changed(*_: object) -> None:
+    """Count a change of an endpoint's candidacy (cached candidate lists are dropped)."""
+    _CANDIDACY[0] += 1
+
+#: candidate lists cached per table at most (a client names any model it likes)
+CANDIDATES_CACHED = 256
+
 #: an HTTPS endpoint not verified yet (its certificate failed, or it did not answer) is
 #: checked again after this many seconds
 TLS_CHECK_RETRY_S = 2.0
@@ -65,7 +78,7 @@ class EndpointState:
     """One routable HTTP endpoint (an instance's DP rank) with its live load."""
 
     __slots__ = ("key", "instance_id", "model", "models", "role", "engine", "host", "port",
-                 "dp_rank", "url", "ready", "breaker", "inflight",
+                 "dp_rank", "url", "_ready", "breaker", "inflight",
                  "inflight_tokens", "inflight_prefill_tokens", "inflight_decode_tokens", "pool",
                  "kv_events", "bootstrap_port", "waiting", "_gauge", "shared", "max_model_len",
                  "learned", "timing", "scheme", "https", "tls_ok", "tls_error",
@@ -130,10 +143,26 @@ class EndpointState:
         if not metrics.MULTIPROCESS:
             gauge.set_function(lambda: self.inflight)
         b = breaker or BreakerConfig()
-        self.breaker = Breaker(b.failure_threshold, b.open_s, b.open_max_s,
-                               metrics.BREAKER_STATE.labels(instance_id, self.url).set, self.url)
+        gauge_set = metrics.BREAKER_STATE.labels(instance_id, self.url).set
+
+        def breaker_changed(state: int) -> None:
+            candidacy_changed()
+            gauge_set(state)
+        self.breaker = Breaker(b.failure_threshold, b.open_s, b.open_max_s, breaker_changed,
+                               self.url)
         # attempts waiting for this endpoint's first answer byte (see evict_waiting)
         self.waiting: set[Waiting] = set()
+
+    @property
+    def ready(self) -> bool:
+        """Routable as far as the control plane (or the probes) know; the breaker decides
+        the rest (:meth:`routable`)."""
+        return self._ready
+
+    @ready.setter
+    def ready(self, v: bool) -> None:
+        self._ready = v
+        candidacy_changed()
 
     @property
     def failures(self) -> int:
@@ -141,7 +170,7 @@ class EndpointState:
         return self.breaker.failures
 
     def routable(self, now: float) -> bool:
-        return self.ready and (self.breaker.state == CLOSED or self.breaker.allows(now))
+        return self._ready and (self.breaker.state == CLOSED or self.breaker.allows(now))
 
     def serves(self, model: str | None) -> bool:
         return model is None or not self.models or model in self.models
@@ -150,9 +179,12 @@ class EndpointState:
         """The engine listed ``ids`` (its /v1/models): the endpoint serves them, and always
         the model its instance registered (controller mode; standalone endpoints have none)."""
         self.learned = None if ids is None else frozenset(ids)
-        self.models = set(self.learned or ())
+        models = set(self.learned or ())
         if self.model:
-            self.models.add(self.model)
+            models.add(self.model)
+        if models != self.models:
+            self.models = models
+            candidacy_changed()
 
     def acquire(self, tokens: int = 0, prefill_tokens: int = 0, decode_tokens: int = 0) -> None:
         self.inflight += 1
@@ -346,6 +378,10 @@ class EndpointTable:
         #: whether :meth:`with_room` has anything to do (an endpoint with a cap, or
         #: shedding on): the request path skips it otherwise
         self.gated = False
+        #: :meth:`candidates`' lists that do not depend on the time, by (role, model), as
+        #: of the candidacy count ``_cands_at``
+        self._cands: dict[tuple[Role, str | None], list[EndpointState]] = {}
+        self._cands_at = -1
 
     def configure_caps(self, default_max_inflight: int, shed_waiting: int, wait_s: float,
                        engine_max_age_s: float = 5.0) -> None:
@@ -396,6 +432,7 @@ class EndpointTable:
         for ep in sorted(self.endpoints.values(), key=lambda e: e.key):
             by_role[ep.role].append(ep)
         self._by_role = by_role
+        candidacy_changed()
         for role in Role:
             eps = by_role[role]
             n_ok = sum(1 for e in eps if e.ready)
@@ -412,12 +449,28 @@ class EndpointTable:
 
         When every endpoint of the role has its breaker open, they are all returned anyway
         (better a retry than a 503 while the control plane catches up).
+
+        A list that does not depend on the time (every ready endpoint of the role has its
+        breaker closed) is kept until an endpoint's candidacy changes (``ready``, models,
+        breaker state, the table: :func:`candidacy_changed`): the caller gets a copy.
         """
+        at = _CANDIDACY[0]
+        key = (role, model)
+        if self._cands_at == at:
+            hit = self._cands.get(key)
+            if hit is not None:
+                return hit[:]
+        else:
+            self._cands.clear()
+            self._cands_at = at
         now = time.monotonic()
         eps = self._by_role[role]
         out = [e for e in eps if e.routable(now) and e.serves(model)]
         if not out:
-            out = [e for e in eps if e.ready and e.serves(model)]
+            return [e for e in eps if e._ready and e.serves(model)]
+        if len(self._cands) < CANDIDATES_CACHED and \
+                all(e.breaker.state == CLOSED for e in eps if e._ready):
+            self._cands[key] = out[:]
         return out
 
     def context_length(self, model: str | None) -> int | None:
