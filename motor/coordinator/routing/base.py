@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Protocol
 
 import orjson
 
+from motor._fast.reqid import RequestIds
 from motor.config.schema import CoordinatorConfig, EngineKind
 from motor.coordinator import metrics
 from motor.coordinator.endpoints import EndpointState
@@ -42,15 +42,11 @@ FORWARD_HEADERS = frozenset((b"authorization", b"content-type", b"accept", b"ope
 
 Headers = tuple[tuple[bytes, bytes], ...]
 
-#: the request ids motor makes up: 128 bits of a generator seeded from ``os.urandom`` when
-#: the process starts (its own state in each worker: they are spawned, not forked)
-_ids = random.Random(os.urandom(32)).getrandbits
-
-
-def new_request_id() -> bytes:
-    """A made-up ``X-Request-Id``: 32 lower-case hex digits (as ``uuid4().hex``, without
-    ``uuid4``'s object and ``getrandom`` system call per request); unique, not secret."""
-    return b"%032x" % _ids(128)
+#: a made-up ``X-Request-Id`` (``new_request_id() -> bytes``): 32 lower-case hex digits
+#: (as ``uuid4().hex``, without ``uuid4``'s object and ``getrandom`` system call per
+#: request); unique, not secret (:mod:`motor._fast.reqid`). Seeded from ``os.urandom`` when
+#: the process starts: its own state in each worker (they are spawned, not forked)
+new_request_id = RequestIds()
 
 
 class Settings:
