@@ -14,7 +14,9 @@ Virtual inference (:class:`VirtualInference`, DP rank 0 of engines with
 AI-core use of the engine's NPUs is sampled every ``npu_sample_interval_s`` (for at least
 ``npu_min_window_s`` when the request fails); a round **fails only if the request failed and
 every sample stayed below** ``npu_busy_pct`` (an engine that is busy is not dead; without
-NPU data a failed request counts). ``failures`` failed rounds in a row -> ``unhealthy`` (the
+NPU data a failed request counts). A failed request's round waits for the sampler's first
+look when it has none yet (``npu-smi`` starts slowly on a loaded node; its calls are bounded
+by ``npu.timeout_s``, the wait by :data:`FIRST_LOOK_MAX_S`). ``failures`` failed rounds in a row -> ``unhealthy`` (the
 instance is reported unhealthy; nothing is killed, the controller decides); one good round
 clears it.
 """
@@ -33,6 +35,11 @@ from motor.config.schema import Role, VirtualInferenceConfig
 from motor.http import Client
 
 logger = logging.getLogger(__name__)
+
+#: the longest a failed virtual-inference round waits for the AI-core sampler's first look
+#: (its ``npu-smi`` calls have their own timeout, ``npu.timeout_s``: 5 s by default, two calls
+#: when the chip table is not known yet)
+FIRST_LOOK_MAX_S = 12.0
 
 
 class HealthProbe:
@@ -194,7 +201,7 @@ class VirtualInference:
             return "answer is not a JSON object"
         return None
 
-    async def _sample(self, samples: list[float]) -> None:
+    async def _sample(self, samples: list[float], looked: asyncio.Event) -> None:
         assert self.aicore is not None
         while True:
             try:
@@ -205,13 +212,16 @@ class VirtualInference:
                 v = None
             if v is not None:
                 samples.append(v)
+            looked.set()
             await asyncio.sleep(self.cfg.npu_sample_interval_s)
 
     async def round(self) -> bool:
         """One round; returns True when it counts as failed (and updates the state)."""
         self.rounds += 1
         samples: list[float] = []
-        sampler = asyncio.create_task(self._sample(samples)) if self.aicore is not None else None
+        looked = asyncio.Event()     # the sampler's first look is over (a sample or none)
+        sampler = asyncio.create_task(self._sample(samples, looked)) \
+            if self.aicore is not None else None
         t0 = time.monotonic()
         try:
             err = await self.request_once()
@@ -219,8 +229,11 @@ class VirtualInference:
                 rest = self.cfg.npu_min_window_s - (time.monotonic() - t0)
                 if rest > 0:
                     await asyncio.sleep(rest)
-                if not samples:  # always look at least once
-                    await asyncio.sleep(min(self.cfg.npu_sample_interval_s, self.cfg.timeout_s))
+                if not looked.is_set():  # always look at least once
+                    try:
+                        await asyncio.wait_for(looked.wait(), FIRST_LOOK_MAX_S)
+                    except TimeoutError:
+                        pass
         finally:
             if sampler is not None:
                 await cancel_and_wait(sampler)

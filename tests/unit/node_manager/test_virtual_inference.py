@@ -2,10 +2,12 @@
 
 * no npu-smi: the hang -> ``failures`` failed rounds in a row -> the instance is reported
   unhealthy (process untouched) -> fault cleared -> ready again;
-* a fake npu-smi reporting high AI-core use: the same hang is not counted (busy != dead).
+* a fake npu-smi reporting high AI-core use: the same hang is not counted (busy != dead);
+* an npu-smi slower than the round: the round waits for its first look.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -168,3 +170,37 @@ def test_defaults_per_kind_and_request_body() -> None:
         assert orjson.loads(dec.body)["kv_transfer_params"] == {"do_virtual": True}
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("reading, counted", [(87.0, False), (None, True)])
+def test_a_failed_round_waits_for_a_slow_first_look_at_the_npu(reading: float | None,
+                                                              counted: bool) -> None:
+    """npu-smi slower than the round's window (a loaded node): the failed request's round
+    waits for the sampler's first look instead of counting the failure without NPU data; a
+    look that finds nothing still counts it."""
+    from motor.config.schema import VirtualInferenceConfig
+    from motor.node_manager.health import VirtualInference
+
+    async def go() -> None:
+        looks = 0
+
+        async def slow_aicore() -> float | None:
+            nonlocal looks
+            await asyncio.sleep(0.8)          # well past npu_min_window_s + a sample period
+            looks += 1
+            return reading
+
+        cfg = VirtualInferenceConfig(enabled=True, timeout_s=0.3, failures=3,
+                                     npu_busy_pct=50, npu_sample_interval_s=0.05,
+                                     npu_min_window_s=0.1)
+        c = Client()
+        try:
+            # nothing listens there: the request fails at once
+            vi = VirtualInference(c, "127.0.0.1", free_ports(), "m", cfg, aicore=slow_aicore)
+            assert await vi.round() is counted
+            assert looks == 1
+            assert (vi.busy_rounds, vi.failures) == ((0, 1) if counted else (1, 0))
+            assert vi.last_aicore_pct == reading
+        finally:
+            c.close()
+    run_uvloop(go())
