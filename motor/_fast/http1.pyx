@@ -873,8 +873,9 @@ cdef class HttpProtocol:
         :meth:`_start` while it waits. It ends when the connection closes, when a request
         started while its handler still ran (pipelined, or sent right after an answer the
         handler outlived: that one has a task of its own, as before), or when a handler left
-        a cancellation request on it (``Task.cancelling``: a later request's timeouts must
-        not see it)."""
+        a cancellation request on it (``Task.cancelling``: the union path tells an eviction
+        from its client leaving by ``Task.uncancel() == 0``, which a leftover request would
+        break for the next request)."""
         server = self._server
         task = self._task      # this task: set by create_task before the first step
         while True:
