@@ -60,9 +60,10 @@ logger = logging.getLogger(__name__)
 _CANDIDACY = [0]
 
 
-def candidacy_changed(*_: object) -> None:
+def candidacy_changed() -> None:
     """Count a change of an endpoint's candidacy (cached candidate lists are dropped)."""
     _CANDIDACY[0] += 1
+
 
 #: candidate lists cached per table at most (a client names any model it likes)
 CANDIDATES_CACHED = 256

@@ -16,9 +16,9 @@ AI-core use of the engine's NPUs is sampled every ``npu_sample_interval_s`` (for
 every sample stayed below** ``npu_busy_pct`` (an engine that is busy is not dead; without
 NPU data a failed request counts). A failed request's round waits for the sampler's first
 look when it has none yet (``npu-smi`` starts slowly on a loaded node; its calls are bounded
-by ``npu.timeout_s``, the wait by :data:`FIRST_LOOK_MAX_S`). ``failures`` failed rounds in a row -> ``unhealthy`` (the
-instance is reported unhealthy; nothing is killed, the controller decides); one good round
-clears it.
+by ``npu.timeout_s``, the wait by :data:`FIRST_LOOK_MAX_S`). ``failures`` failed rounds in
+a row -> ``unhealthy`` (the instance is reported unhealthy; nothing is killed, the controller
+decides); one good round clears it.
 """
 from __future__ import annotations
 
