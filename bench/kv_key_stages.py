@@ -12,7 +12,8 @@ switches it off; the figure is the process's instructions divided by the count. 
 ``key``        ``Tokenizers.warm`` + ``block_key`` (what ``KvAffinity.prepare`` runs)
 ``render``     ``RoutingTokenizer.render_chat`` (the chat template's jinja render)
 ``plan``       ``chat_plan`` (the rendered text cut at the added tokens)
-``chat_key``   the request's cache key (``_chat_key``: JSON of the template's inputs)
+``chat_key``   a chat's request key (``_chat_key``: JSON of the template's inputs; since
+               2026-12-06 only ``token_ids`` and tokenizers that do not cut chats make it)
 ``plan_key``   ``plan_key`` (the hash chain after the cached prefix, the new turn's ids)
 ``new_turn``   ``encode_piece`` of the user turn (its words; one new word per request)
 ``pick``       ``KvAffinity.pick`` over 2 endpoints (match, columns, cost)

@@ -23,16 +23,19 @@ vLLM engine serving a model made from that directory computes the same ids.
 without any file (:mod:`motor.protocol.chat_tokenizer`: token id = UTF-8 byte value;
 ``<|endoftext|>`` 256, ``<|im_start|>`` 257, ``<|im_end|>`` 258).
 
-Cost on the request path (:class:`Tokenizers`): the routing key of a request (its token
-count and block hashes, :meth:`Tokenizers.block_key`) is kept in an LRU keyed by exactly
-what it depends on (the tokenizer, and the chat's ``messages`` with the template's other
-inputs, or the completion's text prompt), bounded in entries and in bytes; a request seen
-again (a retry, a PD fallback, a repeated prompt) costs one key (:meth:`Tokenizers.token_ids`
-keeps the ids alike, in its own LRU). A chat's text is cut at the tokenizer's added tokens
-and each piece's ids are kept in a second LRU (:meth:`RoutingTokenizer.encode_chat`): a
-system prompt or earlier turns seen before are not encoded again, and the hash chain's
+Cost on the request path (:class:`Tokenizers`): a chat's text is cut at the tokenizer's
+added tokens and each piece's ids are kept in an LRU (:meth:`RoutingTokenizer.encode_chat`):
+a system prompt or earlier turns seen before are not encoded again, and the hash chain's
 state after them is kept too (:meth:`RoutingTokenizer.plan_key`): only the new turn is
-assembled and hashed. With a byte-level BPE (GPT-2's pre-tokenizer), a new ASCII piece is
+assembled and hashed, and a chat seen whole before (a retry, a PD fallback, a repeated
+prompt) is one lookup there from its third time on. Such a chat has no key of its own: the
+JSON of its messages and its lookup cost more than its pieces' lookups, and a workload of
+new user turns never meets it again. The routing key (token count and block hashes,
+:meth:`Tokenizers.block_key`) of every other request (a completion's text prompt, a chat of
+a tokenizer that encodes it whole) is kept in an LRU keyed by exactly what it depends on
+(the tokenizer, and the chat's ``messages`` with the template's other inputs, or the
+completion's text), bounded in entries and in bytes; :meth:`Tokenizers.token_ids` keeps the
+ids of every request alike, in its own LRU. With a byte-level BPE (GPT-2's pre-tokenizer), a new ASCII piece is
 cut into its words (compiled: :func:`motor._fast.pretok.encode_ascii_words`) and only words
 not seen before go to the BPE model (:meth:`RoutingTokenizer.encode_piece`: the library's
 pre-tokenizer regex costs more than the rest of its encode). Text not cached of at least
@@ -393,6 +396,12 @@ class RoutingTokenizer:
         return n0 + len(rest), extend_hashes(h0, tail + rest, block_size, salt)
 
     @property
+    def cuts_chats(self) -> bool:
+        """Whether a chat's text is cut at the added tokens (:meth:`chat_plan` is not
+        ``None``): its pieces' ids and its prefixes' hash chains are cached."""
+        return self._split is not None
+
+    @property
     def releases_gil(self) -> bool:
         """Whether :meth:`encode` runs outside the GIL (``tokenizers``; not ``builtin``)."""
         return self._tok is not None
@@ -623,8 +632,9 @@ class Tokenizers:
         self._cache: dict[str, RoutingTokenizer] = {}
         #: token ids of recent requests (see the module docstring)
         self.ids = cache if cache is not None else TokenCache()
-        #: routing keys of recent requests (:meth:`block_key`): request key -> (block size,
-        #: salt, tokens, block hashes); ``key_hits`` / ``key_misses`` count lookups
+        #: routing keys of recent requests that have a request key (:meth:`_key`: not a chat
+        #: the tokenizer cuts into pieces): request key -> (block size, salt, tokens, block
+        #: hashes); ``key_hits`` / ``key_misses`` count lookups
         self.keys: OrderedDict[object, tuple[int, int, int, npt.NDArray[np.uint64]]] = \
             OrderedDict()
         self.key_hits = 0
@@ -652,9 +662,11 @@ class Tokenizers:
 
     def _key(self, tok: RoutingTokenizer, route: str,
              body: dict[str, Any]) -> tuple[object, str | list[int] | None]:
-        """(cache key or ``None``, the completion's prompt; ``None`` for a chat)."""
+        """(request key or ``None``, the completion's prompt; ``None`` for a chat). A chat the
+        tokenizer cuts into pieces (:attr:`RoutingTokenizer.cuts_chats`) has no request key:
+        its pieces and prefixes are its cache (the module docstring)."""
         if route == "chat":
-            return _chat_key(tok.source, body), None
+            return (None if tok.cuts_chats else _chat_key(tok.source, body)), None
         p = RoutingTokenizer.completion_prompt(body)
         return ((tok.source, p) if isinstance(p, str) else None), p
 
@@ -682,6 +694,8 @@ class Tokenizers:
             when the body cannot be tokenized (the engine will judge the request).
         """
         tok, key, prompt, text, plan = self._take(route, body)
+        if key is None and prompt is None and tok.cuts_chats:
+            key = _chat_key(tok.source, body)       # whole id lists: a key of their own
         if key is None:
             return tok.chat_ids(body) if prompt is None else tok.completion_ids(body)
         ids = self.ids.get(key)
@@ -701,9 +715,10 @@ class Tokenizers:
         blocks of ``block_size`` tokens, ``salt`` folded in), the same as
         ``block_hashes(self.token_ids(route, body), block_size, 0, salt)``.
 
-        Kept per request in :attr:`keys` (LRU, :data:`KEYS_MAX_ENTRIES`); a chat's leading
-        plan elements seen before are not assembled nor hashed again
-        (:meth:`RoutingTokenizer.plan_key`). The array may be the cache's own: read it.
+        A chat the tokenizer cuts into pieces: its leading plan elements seen before are not
+        assembled nor hashed again (:meth:`RoutingTokenizer.plan_key`); any other request's
+        key is kept in :attr:`keys` (LRU, :data:`KEYS_MAX_ENTRIES`). The array may be a
+        cache's own: read it.
 
         Raises
         ------
@@ -754,17 +769,19 @@ class Tokenizers:
         wait for: cached, short (what is not cached under :attr:`off_loop_min_chars`
         characters), a token-id prompt, a tokenizer that holds the GIL (``builtin``), or a
         body that cannot be tokenized (:meth:`token_ids` says why). What it computed for a
-        body it returns ``None`` for (cache key, rendered chat) is kept for the
-        :meth:`token_ids` of the same body that follows."""
+        body it returns ``None`` for (request key, rendered chat) is kept for the
+        :meth:`block_key` or :meth:`token_ids` of the same body that follows. A chat cut
+        into pieces: only its pieces not cached go to the pool, and they land in the piece
+        cache."""
         self._rendered = None
         try:
             tok = self.get(body.get("model"))
             if not tok.releases_gil:
                 return None
             key, prompt = self._key(tok, route, body)
-            if key is None:
-                return None
-            if key in self.keys or key in self.ids._d:
+            if key is None and not (prompt is None and tok.cuts_chats):
+                return None     # a token-id prompt, a chat whose key cannot be made
+            if key is not None and (key in self.keys or key in self.ids._d):
                 self._rendered = (body, route, tok, key, prompt, None, None)
                 return None
             plan = None
@@ -802,7 +819,6 @@ class Tokenizers:
                 if not f.cancelled() and f.exception() is None:
                     for piece, got in zip(missing, f.result()):
                         tok.pieces.put(piece, got)
-                    ids_cache.put(key, tok.assemble(plan))
             fut.add_done_callback(keep_pieces)
             return fut
         fut = loop.run_in_executor(self._executor(), tok.encode, text, prompt is not None)

@@ -90,8 +90,10 @@ def test_a_long_text_is_encoded_off_the_loop_to_the_same_ids(model_dir: str) -> 
         toks.close()
     tok = RoutingTokenizer(model_dir)
     whole = tok._tok.encode(tok.render_chat(long_body), add_special_tokens=False).ids
+    pieces = toks.get("m").pieces
+    misses = pieces.misses
     assert toks.token_ids("chat", long_body) == whole
-    assert toks.ids.hits == 1
+    assert pieces.misses == misses              # every piece came from what the pool encoded
 
 
 def test_builtin_and_token_id_prompts_stay_inline() -> None:
@@ -304,16 +306,22 @@ def test_a_shared_prefix_is_hashed_once_and_a_request_again_is_a_lookup(model_di
     toks = Tokenizers({"*": model_dir})
     tok = toks.get("m")
     sysp = "You are a helpful assistant. " * 12
-    for q in ("one", "two", "three"):
-        toks.block_key("chat", {"model": "m", "messages": [
-            {"role": "system", "content": sysp}, {"role": "user", "content": q}]}, 16)
+    def two(q: str) -> dict:
+        return {"model": "m", "messages": [{"role": "system", "content": sysp},
+                                           {"role": "user", "content": q}]}
+    keys = {q: toks.block_key("chat", two(q), 16) for q in ("one", "two", "three")}
     assert len(tok.prefixes) == 2          # first: nothing cached yet; then the system turn
-    assert toks.key_misses == 3 and toks.key_hits == 0
-    toks.block_key("chat", {"model": "m", "messages": [
-        {"role": "system", "content": sysp}, {"role": "user", "content": "two"}]}, 16)
-    assert toks.key_hits == 1
+    assert not toks.keys and toks.key_misses == 0      # a chat cut into pieces: no request key
+    misses = tok.pieces.misses
+    for _ in range(3):                     # again: its pieces, then (third time) its whole plan
+        n, h = toks.block_key("chat", two("two"), 16)
+        assert n == keys["two"][0] and list(h) == list(keys["two"][1])
+    assert tok.pieces.misses == misses and len(tok.prefixes) == 3
+    assert tuple(tok.prefixes)[-1][2:] == tuple(tok.chat_plan(tok.render_chat(two("two"))))
     comp = {"model": "m", "prompt": "some text " * 10}
     n, h = toks.block_key("completions", comp, 4)
+    assert toks.key_misses == 1 and toks.key_hits == 0
+    assert toks.block_key("completions", comp, 4)[1] is h and toks.key_hits == 1
     assert n == len(toks.token_ids("completions", comp)) and len(h) == n // 4
 
 
@@ -330,6 +338,7 @@ def test_the_key_and_prefix_caches_are_bounded_in_size(model_dir: str,
         toks.block_key("chat", body, 16)
         toks.block_key("chat", {**body, "messages": [*body["messages"][:1],
                                                      {"role": "user", "content": "r"}]}, 16)
+        toks.block_key("completions", {"model": "m", "prompt": f"{k} " * 400}, 16)
     assert 1 <= len(toks.keys) <= 3 and toks.key_bytes <= 3000 + 1000
     assert 1 <= len(tok.prefixes) <= 3 and tok.prefix_chars <= 3000 + 1000
     assert toks.key_bytes == sum(tokenize._key_size(k, v[3]) for k, v in toks.keys.items())
