@@ -12,6 +12,7 @@ switches it off; the figure is the process's instructions divided by the count. 
 ``key``        ``Tokenizers.warm`` + ``block_key`` (what ``KvAffinity.prepare`` runs)
 ``render``     ``RoutingTokenizer.render_chat`` (the chat template's jinja render)
 ``plan``       ``chat_plan`` (the rendered text cut at the added tokens)
+``plan_chat``  ``plan_chat`` (the plan from the splice's segments, no text: both above)
 ``chat_key``   a chat's request key (``_chat_key``: JSON of the template's inputs; since
                2026-12-06 only ``token_ids`` and tokenizers that do not cut chats make it)
 ``plan_key``   ``plan_key`` (the hash chain after the cached prefix, the new turn's ids)
@@ -41,7 +42,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from cost_gate import _env, _totals  # noqa: E402
-STAGES = ("key", "render", "plan", "chat_key", "plan_key", "new_turn", "pick", "routed")
+STAGES = ("key", "render", "plan", "plan_chat", "chat_key", "plan_key", "new_turn", "pick", "routed")
 WARMUP = 300
 
 
@@ -94,6 +95,9 @@ def run_stage(stage: str, n: int, tokdir: str) -> None:
     elif stage == "plan":
         for t in texts:
             tok.chat_plan(t)
+    elif stage == "plan_chat":
+        for b in todo:
+            tok.plan_chat(b)
     elif stage == "chat_key":
         for b in todo:
             _chat_key(tok.source, b)

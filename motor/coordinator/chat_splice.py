@@ -29,6 +29,8 @@ from typing import Any
 
 from jinja2 import nodes
 
+from motor._fast.splice import plan_of, shape_of
+
 #: what a type test answers for any ``str`` (jinja2's tests of those names)
 _STR_TESTS = {"string": True, "defined": True, "undefined": False, "none": False,
               "mapping": False, "iterable": True, "sequence": True, "number": False,
@@ -268,6 +270,10 @@ class SpliceCache:
         #: structure -> cut placeholder render (None: rendered whole); the oldest filled
         #: goes first when full (no reordering on a hit: structures are few and stable)
         self._shapes: dict[tuple[object, ...], _Cut | None] = {}
+        #: structure -> each segment's added-token split and the cut's indices (:meth:`plan`;
+        #: None: not spliceable), bounded alike
+        self._plans: dict[tuple[object, ...], tuple[tuple[tuple[str | int, ...], ...],
+                                                    tuple[int, ...]] | None] = {}
         self.hits = 0
         self.misses = 0
 
@@ -276,28 +282,11 @@ class SpliceCache:
 
     def render(self, messages: list[Any], flags: object,
                render_whole: Callable[[list[dict[str, Any]], object], str]) -> str | None:
-        shape: list[object] = [flags]
-        contents: list[str] = []
-        for m in messages:
-            c = m.get("content")
-            r = m.get("role")
-            if type(c) is not str or type(r) is not str:
-                return None
-            if len(m) == 2:                     # role and content, nothing else
-                shape.append(r)
-            else:
-                nm = m.get("name")
-                if len(m) != 3 or type(nm) is not str:
-                    return None
-                shape.append((r, nm))
-            contents.append(c)
-        key = tuple(shape)
-        cut = self._shapes.get(key, _MISSING)
-        if cut is _MISSING:
-            self.misses += 1
-            cut = self._fill(key, messages, render_whole)
-        else:
-            self.hits += 1
+        got = shape_of(messages, flags)
+        if got is None:
+            return None
+        key, contents = got
+        cut = self._cut_of(key, messages, render_whole)
         if cut is None:
             return None                         # this structure does not cut cleanly
         segs, idx = cut
@@ -306,6 +295,38 @@ class SpliceCache:
             out.append(contents[i])
             out.append(segs[k])
         return "".join(out)
+
+    def plan(self, messages: list[Any], flags: object,
+             render_whole: Callable[[list[dict[str, Any]], object], str],
+             split: Callable[[str], list[str | int]], prefix: str) -> list[str | int] | None:
+        """The added-token split of :meth:`render`'s text without that text: each segment
+        of the structure's cut split once by ``split`` (kept), the contents run into the
+        pieces around them (:func:`motor._fast.splice.plan_of`). ``None`` when the chat is
+        not spliceable or a content may hold an added token (the tokens' common
+        ``prefix``): then the caller renders and splits the text."""
+        got = shape_of(messages, flags)
+        if got is None:
+            return None
+        key, contents = got
+        sp = self._plans.get(key, _MISSING)
+        if sp is _MISSING:
+            cut = self._cut_of(key, messages, render_whole)
+            sp = None if cut is None else (tuple(tuple(split(s)) for s in cut[0]), cut[1])
+            self._plans[key] = sp
+            if len(self._plans) > self.max_shapes:
+                del self._plans[next(iter(self._plans))]
+        if sp is None:
+            return None
+        return plan_of(sp[0], sp[1], contents, prefix)
+
+    def _cut_of(self, key: tuple[object, ...], messages: list[Any],
+                render_whole: Callable[[list[dict[str, Any]], object], str]) -> _Cut | None:
+        cut = self._shapes.get(key, _MISSING)
+        if cut is _MISSING:
+            self.misses += 1
+            return self._fill(key, messages, render_whole)
+        self.hits += 1
+        return cut  # type: ignore[no-any-return]
 
     def _fill(self, key: tuple[object, ...], messages: list[Any],
               render_whole: Callable[[list[dict[str, Any]], object], str]

@@ -262,6 +262,36 @@ class RoutingTokenizer:
                 text = text[: cut + len(last)]
         return text
 
+    def plan_chat(self, body: dict[str, Any]) -> tuple[str | None, list[str | int] | None]:
+        """(text, plan) of a chat body: :meth:`render_chat` and :meth:`chat_plan`, or, for a
+        chat the splice cache renders (:mod:`motor.coordinator.chat_splice`) and whose
+        contents hold none of the added tokens' common prefix, the plan alone (text
+        ``None``) from the structure's segments split once
+        (:meth:`~motor.coordinator.chat_splice.SpliceCache.plan`): neither the text nor
+        its scan is made.
+
+        Raises
+        ------
+        TokenizeError
+            as :meth:`render_chat`.
+        """
+        sp = self._splice
+        pre = self._split_fast[0]
+        messages = body.get("messages")
+        if sp is not None and pre and type(messages) is list \
+                and not body.get("continue_final_message") and body.get("tools") is None \
+                and body.get("documents") is None and not body.get("chat_template_kwargs"):
+            plan = sp.plan(messages, bool(body.get("add_generation_prompt", True)),
+                           self._render_messages, self._split_segment, pre)
+            if plan is not None:
+                return None, plan
+        text = self.render_chat(body)
+        return text, self.chat_plan(text)
+
+    def _split_segment(self, text: str) -> list[str | int]:
+        pre, names, ids = self._split_fast
+        return split_added(text, pre, names, ids)
+
     def _render_messages(self, messages: list[dict[str, Any]], add_generation_prompt: object
                          ) -> str:
         """The template's text for ``messages`` without extra inputs (the splice cache's
@@ -272,7 +302,12 @@ class RoutingTokenizer:
         return text
 
     def chat_ids(self, body: dict[str, Any]) -> list[int]:
-        return self.encode_chat(self.render_chat(body))
+        """Token ids of a chat body (:meth:`plan_chat`, then its pieces' ids)."""
+        text, plan = self.plan_chat(body)
+        if plan is not None:
+            return self.assemble(plan)
+        assert text is not None
+        return self.encode_chat(text)
 
     def chat_plan(self, text: str) -> list[str | int] | None:
         """A chat text cut at its added tokens: text pieces and added-token ids, in order
@@ -702,8 +737,10 @@ class Tokenizers:
         if ids is None:
             if prompt is not None:
                 ids = tok.completion_ids(body)
+            elif plan is not None:
+                ids = tok.assemble(plan)
             elif text is not None:
-                ids = tok.encode_chat(text, plan)
+                ids = tok.encode_chat(text, None)
             else:
                 ids = tok.chat_ids(body)
             self.ids.put(key, ids)
@@ -740,9 +777,8 @@ class Tokenizers:
             if prompt is not None:
                 ids = tok.completion_ids(body)
             else:
-                if text is None:
-                    text = tok.render_chat(body)
-                    plan = tok.chat_plan(text)
+                if text is None and plan is None:
+                    text, plan = tok.plan_chat(body)
                 if plan is not None:
                     res = tok.plan_key(plan, block_size, salt)
                 else:
@@ -785,9 +821,9 @@ class Tokenizers:
                 self._rendered = (body, route, tok, key, prompt, None, None)
                 return None
             plan = None
+            text: str | None
             if prompt is None:
-                text = tok.render_chat(body)      # jinja: Python, holds the GIL anyway
-                plan = tok.chat_plan(text)
+                text, plan = tok.plan_chat(body)  # jinja: Python, holds the GIL anyway
             else:
                 assert isinstance(prompt, str)
                 text = prompt
@@ -802,7 +838,7 @@ class Tokenizers:
             if new_chars < self.off_loop_min_chars:
                 self._rendered = (body, route, tok, key, None, text, plan)
                 return None
-        elif len(text) < self.off_loop_min_chars:
+        elif text is None or len(text) < self.off_loop_min_chars:
             self._rendered = (body, route, tok, key, prompt, text if prompt is None else None,
                               None)
             return None

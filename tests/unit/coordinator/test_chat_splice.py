@@ -163,7 +163,29 @@ def test_the_routing_tokenizer_splices_the_sims_template(model_dir: Path) -> Non
         text = tok.render_chat(body)
         assert text == whole(msgs, True).replace("<s>", "")
         assert tok.chat_ids(body) == tok.encode_chat(text)
-    assert (tok._splice.misses, tok._splice.hits) == (1, 5)
+        assert tok.plan_chat(body) == (text, tok.chat_plan(text))   # "<|" in a content
+    # render_chat: one miss, then hits; chat_ids and plan_chat: the structure's segment
+    # splits made once from the cut (a hit), then each a render of its own (a content holds
+    # the added tokens' prefix: the plan cannot come from the splice)
+    assert (tok._splice.misses, tok._splice.hits) == (1, 9)
+
+
+def test_the_plan_of_a_spliced_chat_is_the_split_of_its_text(model_dir: Path) -> None:
+    tok = RoutingTokenizer(str(model_dir))
+    for i, extra in enumerate(({}, {"add_generation_prompt": False})):
+        msgs = [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": f"question {i}", "name": "ann"},
+                {"role": "assistant", "content": ""},      # an empty piece is dropped
+                {"role": "user", "content": "<| not a token"}]
+        body = {"messages": msgs, **extra}
+        for cut in (4, 3):          # with and without the prefix in a content
+            b = {**body, "messages": msgs[:cut]}
+            text, plan = tok.plan_chat(b)
+            want = tok.render_chat(b)
+            assert plan == tok.chat_plan(want)
+            assert text == (want if cut == 4 else None)
+    assert tok.plan_chat({"messages": msgs[:3], "tools": [{"type": "function"}]})[0] \
+        is not None                 # other template inputs: rendered whole
 
 
 def _tokenizer_with(tmp_path: Path, template: str) -> RoutingTokenizer:

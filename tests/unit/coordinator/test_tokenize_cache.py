@@ -142,7 +142,10 @@ def test_chat_pieces_encode_to_the_whole_texts_ids(model_dir: str, messages: lis
     tok = _shared_tokenizer(model_dir)
     body = {"messages": messages, "add_generation_prompt": add_gen}
     text = tok.render_chat(body)
-    assert tok.chat_plan(text) is not None
+    plan = tok.chat_plan(text)
+    assert plan is not None
+    spliced, got = tok.plan_chat(body)      # the splice's plan, or (a prefix in a content)
+    assert got == plan and spliced in (None, text)      # the text's
     assert tok.chat_ids(body) == tok._tok.encode(text, add_special_tokens=False).ids
 
 
@@ -161,8 +164,8 @@ def test_a_short_chat_is_rendered_once_for_warm_then_token_ids(model_dir: str) -
         toks = Tokenizers({"*": model_dir})
         tok = toks.get("m")
         renders = []
-        render = tok.render_chat
-        tok.render_chat = lambda body: renders.append(1) or render(body)  # type: ignore[method-assign]
+        render = tok.plan_chat
+        tok.plan_chat = lambda body: renders.append(1) or render(body)  # type: ignore[method-assign]
         body = chat("a short question")
         assert toks.warm("chat", body) is None              # short: stays on the loop
         ids = toks.token_ids("chat", body)

@@ -1,0 +1,10 @@
+"""Type stubs for motor._fast.splice (a spliced chat render's structure key and plan)."""
+
+def shape_of(messages: list[object], flags: object
+             ) -> tuple[tuple[object, ...], list[str]] | None:
+    """(structure key, contents) of ``messages``; ``None`` when not spliceable."""
+
+def plan_of(seg_plans: tuple[tuple[str | int, ...], ...], idx: tuple[int, ...],
+            contents: list[str], prefix: str) -> list[str | int] | None:
+    """The added-token split of the spliced text from its segments' splits; ``None`` when a
+    piece holding a content holds ``prefix``."""
