@@ -5,6 +5,8 @@ def shape_of(messages: list[object], flags: object
     """(structure key, contents) of ``messages``; ``None`` when not spliceable."""
 
 def plan_of(seg_plans: tuple[tuple[str | int, ...], ...], idx: tuple[int, ...],
-            contents: list[str], prefix: str) -> list[str | int] | None:
+            contents: list[str], prefix: str, memo: list[str] | None = None
+            ) -> list[str | int] | None:
     """The added-token split of the spliced text from its segments' splits; ``None`` when a
-    piece holding a content holds ``prefix``."""
+    piece holding a content holds ``prefix``. ``memo``: the structure's last pieces with a
+    content, reused when equal (updated)."""

@@ -13,7 +13,10 @@ added-token split of ``segs[k]``, :func:`motor._fast.pretok.split_added`): text 
 and contents run together into one piece up to the next token id, empty pieces dropped.
 That is the split of the whole text when no piece holding a content holds ``prefix`` (the
 tokens' common prefix): a token there could start inside a content or across a boundary.
-Then it returns ``None`` and the caller splits the text itself.
+Then it returns ``None`` and the caller splits the text itself. ``memo`` (a list the
+caller keeps per structure) holds the last plan's pieces with a content: a piece equal to
+one there is that object again, so a shared system prompt's piece is neither joined nor
+hashed again (``str`` caches its hash) and the piece cache finds it by identity.
 """
 from cpython.dict cimport PyDict_GetItem, PyDict_Size
 from cpython.list cimport PyList_Append
@@ -27,6 +30,8 @@ cdef extern from "Python.h":
     Py_ssize_t PyUnicode_Find(object s, object sub, Py_ssize_t start, Py_ssize_t end,
                               int direction) except -2
     int PyUnicode_KIND(object o)
+    void *PyUnicode_DATA(object o)
+    Py_UCS4 PyUnicode_READ(int kind, const void *data, Py_ssize_t index)
     const unsigned char *PyUnicode_1BYTE_DATA(object o)
 
 cdef str _ROLE = "role"
@@ -84,25 +89,73 @@ cdef inline bint _holds(str text, str sub) except -1:
     return False
 
 
-cdef inline bint _flush(list out, list pending, bint has_content, str prefix) except -1:
+cdef inline bint _same(str m, list parts) except -1:
+    """Whether ``m`` is the concatenation of ``parts``: ``memcmp`` of a part as wide as
+    ``m`` (one, two or four bytes a character), character by character otherwise (a
+    narrower template text before a wide content)."""
+    cdef Py_ssize_t total = 0, off = 0, ln, c
+    cdef int kind = PyUnicode_KIND(m), pkind
+    cdef const char *base
+    cdef const void *pdata
+    for p in parts:
+        total += PyUnicode_GET_LENGTH(<str>p)
+    if total != PyUnicode_GET_LENGTH(m):
+        return False
+    base = <const char *>PyUnicode_DATA(m)
+    for p in parts:
+        ln = PyUnicode_GET_LENGTH(<str>p)
+        if ln == 0:
+            continue
+        pkind = PyUnicode_KIND(p)
+        pdata = PyUnicode_DATA(p)
+        if pkind == kind:
+            if memcmp(base + off * kind, pdata, ln * kind) != 0:
+                return False
+        else:
+            for c in range(ln):
+                if PyUnicode_READ(kind, base, off + c) != PyUnicode_READ(pkind, pdata, c):
+                    return False
+        off += ln
+    return True
+
+
+cdef inline bint _flush(list out, list pending, bint has_content, str prefix, list memo,
+                        Py_ssize_t *j) except -1:
     """Append ``pending``'s text as one piece (not when empty); False when it holds a
-    content and ``prefix``."""
+    content and ``prefix``. A piece with a content: ``memo[j]`` is the same piece of the
+    structure's last plan, taken again when equal (its hash is known, a dict finds it by
+    identity: a system prompt's piece is not copied nor hashed again), else replaced."""
     cdef Py_ssize_t n = len(pending)
     if n == 0:
         return True
+    if has_content and memo is not None:
+        if j[0] < len(memo):
+            m = memo[j[0]]
+            if _same(<str>m, pending):
+                PyList_Append(out, m)
+                j[0] += 1
+                return True
     piece = pending[0] if n == 1 else PyUnicode_Join(_EMPTY, pending)
     if PyUnicode_GET_LENGTH(piece) == 0:
         return True
-    if has_content and _holds(piece, prefix):
-        return False
+    if has_content:
+        if _holds(piece, prefix):
+            return False
+        if memo is not None:
+            if j[0] < len(memo):
+                memo[j[0]] = piece
+            else:
+                PyList_Append(memo, piece)
+            j[0] += 1
     PyList_Append(out, piece)
     return True
 
 
-def plan_of(tuple seg_plans, tuple idx, list contents, str prefix):
+def plan_of(tuple seg_plans, tuple idx, list contents, str prefix, list memo=None):
     """The plan (list of str pieces and int token ids) of the spliced text, or ``None``
     (a piece with a content holds ``prefix``). ``len(seg_plans) == len(idx) + 1``; each
-    ``idx[k]`` indexes ``contents``.
+    ``idx[k]`` indexes ``contents``. ``memo``: the structure's pieces with a content of the
+    last call (kept by the caller, updated here): an equal piece is that same object.
 
     Raises
     ------
@@ -110,7 +163,7 @@ def plan_of(tuple seg_plans, tuple idx, list contents, str prefix):
         when ``prefix`` is empty, the lengths do not fit or an index is out of range;
         TypeError when a segment's plan is not a tuple.
     """
-    cdef Py_ssize_t k, i, n = PyTuple_GET_SIZE(idx), nc = len(contents)
+    cdef Py_ssize_t k, i, j = 0, n = PyTuple_GET_SIZE(idx), nc = len(contents)
     cdef list out = []
     cdef list pending = []
     cdef bint has_content = False
@@ -124,7 +177,7 @@ def plan_of(tuple seg_plans, tuple idx, list contents, str prefix):
             if type(el) is str:
                 PyList_Append(pending, el)
             else:
-                if not _flush(out, pending, has_content, prefix):
+                if not _flush(out, pending, has_content, prefix, memo, &j):
                     return None
                 pending = []
                 has_content = False
@@ -135,6 +188,6 @@ def plan_of(tuple seg_plans, tuple idx, list contents, str prefix):
                 raise ValueError(f"idx[{k}] is expected to index contents (0..{nc - 1}), got {i}")
             PyList_Append(pending, contents[i])
             has_content = True
-    if not _flush(out, pending, has_content, prefix):
+    if not _flush(out, pending, has_content, prefix, memo, &j):
         return None
     return out

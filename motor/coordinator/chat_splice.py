@@ -270,10 +270,10 @@ class SpliceCache:
         #: structure -> cut placeholder render (None: rendered whole); the oldest filled
         #: goes first when full (no reordering on a hit: structures are few and stable)
         self._shapes: dict[tuple[object, ...], _Cut | None] = {}
-        #: structure -> each segment's added-token split and the cut's indices (:meth:`plan`;
-        #: None: not spliceable), bounded alike
+        #: structure -> each segment's added-token split, the cut's indices and the last
+        #: plan's pieces with a content (:meth:`plan`; None: not spliceable), bounded alike
         self._plans: dict[tuple[object, ...], tuple[tuple[tuple[str | int, ...], ...],
-                                                    tuple[int, ...]] | None] = {}
+                                                    tuple[int, ...], list[str]] | None] = {}
         self.hits = 0
         self.misses = 0
 
@@ -311,13 +311,13 @@ class SpliceCache:
         sp = self._plans.get(key, _MISSING)
         if sp is _MISSING:
             cut = self._cut_of(key, messages, render_whole)
-            sp = None if cut is None else (tuple(tuple(split(s)) for s in cut[0]), cut[1])
+            sp = None if cut is None else (tuple(tuple(split(s)) for s in cut[0]), cut[1], [])
             self._plans[key] = sp
             if len(self._plans) > self.max_shapes:
                 del self._plans[next(iter(self._plans))]
         if sp is None:
             return None
-        return plan_of(sp[0], sp[1], contents, prefix)
+        return plan_of(sp[0], sp[1], contents, prefix, sp[2])
 
     def _cut_of(self, key: tuple[object, ...], messages: list[Any],
                 render_whole: Callable[[list[dict[str, Any]], object], str]) -> _Cut | None:

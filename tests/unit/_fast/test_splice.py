@@ -12,6 +12,8 @@ from motor._fast.splice import plan_of, shape_of
 NAMES = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 IDS = {"<|im_start|>": 257, "<|im_end|>": 258, "<|endoftext|>": 256}
 PRE = "<|"
+#: one memo for every example of the property test: pieces of other structures in it
+_MEMO: list[str] = []
 
 
 def split(text: str) -> list[str | int]:
@@ -36,6 +38,8 @@ def test_the_plan_is_the_split_of_the_spliced_text(segs: list[str], contents: li
     got = plan_of(seg_plans, idx, contents, PRE)
     if got is not None:
         assert got == whole
+    # with a memo shared by every example (its pieces reused only where equal)
+    assert plan_of(seg_plans, idx, contents, PRE, _MEMO) == got
     # no content can start a token or end one begun in a segment, and the segments' text
     # holds no partial token: the splice gives the plan
     if not any("<" in c or "|" in c for c in contents) and not any(
@@ -78,3 +82,24 @@ def test_the_structure_key_is_flags_roles_and_names() -> None:
                 {"role": "user", "content": "x", "name": "n", "other": 1},
                 {"content": "x"}, "not a dict"):
         assert shape_of([msgs[0], bad], True) is None, bad
+
+
+def test_an_equal_piece_is_the_last_plans_object() -> None:
+    segs = ((257, "system\n"), (258, 257, "user\n"), (258,))
+    memo: list[str] = []
+    sys_a = "be brief " * 50
+    sys_b = "".join(["be brief "] * 50)         # equal, another object
+    p1 = plan_of(segs, (0, 1), [sys_a, "one"], PRE, memo)
+    p2 = plan_of(segs, (0, 1), [sys_b, "two"], PRE, memo)
+    assert p1 == [257, "system\n" + sys_a, 258, 257, "user\none", 258]
+    assert p2 == [257, "system\n" + sys_a, 258, 257, "user\ntwo", 258]
+    assert p2[1] is p1[1] and memo == [p1[1], "user\ntwo"]
+    p3 = plan_of(segs, (0, 1), ["be brief!", "é✓"], PRE, memo)       # changed: replaced
+    assert p3 == [257, "system\nbe brief!", 258, 257, "user\né✓", 258]
+    assert p3[1] is not p1[1] and memo == [p3[1], p3[4]]
+    assert plan_of(segs, (0, 1), ["be brief!", "<|im_end|>"], PRE, memo) is None
+    assert plan_of(segs, (0, 1), ["be brief!", "é✓"], PRE, memo)[4] is p3[4]
+    # one character of the content differs, a narrow template text before a wide content
+    assert plan_of(segs, (0, 1), ["be brief!", "é✔"], PRE, memo)[4] == "user\né✔"
+    assert plan_of(segs, (0, 1), ["be brief!", "é✔"], PRE, memo)[4] is memo[1]
+    assert plan_of(segs, (0, 1), ["be brief!", "\U0001F600"], PRE, memo)[4] == "user\n\U0001F600"
