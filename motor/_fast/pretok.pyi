@@ -19,3 +19,10 @@ def split_added(text: str, prefix: str, names: tuple[str, ...],
                 ids: dict[str, int]) -> list[str | int]:
     """``text`` cut at its added tokens (``names`` longest first, all starting with
     ``prefix``): non-empty text pieces and token ids in order."""
+
+class ByteLevelMiss:
+    """``encode_ascii_words``' ``miss`` for a byte-level BPE: a word's ids from ``words.old``
+    (moved to ``words.cur``), else ``model.tokenize`` of its bytes in the byte-level
+    alphabet (kept in ``words.cur``, generations as ``WordCache``'s)."""
+    def __init__(self, words: Any, model: Any) -> None: ...
+    def __call__(self, word: str) -> list[int]: ...

@@ -41,6 +41,9 @@ cdef extern from "Python.h":
     Py_ssize_t PyUnicode_Tailmatch(object, object, Py_ssize_t, Py_ssize_t, int) except -1
     const unsigned char *PyUnicode_1BYTE_DATA(object)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    void *PyUnicode_DATA(object)
+    void PyUnicode_WRITE(int kind, void *data, Py_ssize_t index, Py_UCS4 value)
 
 # character classes of ASCII: letters, digits, the six white-space characters, the rest
 cdef enum:
@@ -328,3 +331,74 @@ cdef list _split_added_wide(str text, str prefix, tuple names, dict ids):
     if start < n:
         PyList_Append(out, text if start == 0 else PyUnicode_Substring(text, start, n))
     return out
+
+
+cdef str _ID = "id"
+cdef str _CUR = "cur"
+cdef str _OLD = "old"
+
+
+cdef class ByteLevelMiss:
+    """The ids of a word missing from a word cache's current generation, for
+    :func:`encode_ascii_words`'s ``miss``: from the cache's old generation (moved to the
+    current one), else the BPE ``model``'s ``tokenize`` of the word's bytes in the
+    byte-level alphabet (GPT-2's ``bytes_to_unicode`` on ASCII: 0x00-0x20 -> U+0100-U+0120,
+    0x7F -> U+0121, every other byte itself), kept in the current one.
+
+    ``words``: an object with ``cur`` and ``old`` (dict word -> list of ids) and
+    ``max_words``: when ``cur`` holds ``max_words`` it becomes ``old`` (the older is
+    dropped) and a new ``cur`` starts (:class:`motor.coordinator.tokenize.WordCache`'s
+    rule). ``model``: a ``tokenizers`` model (``tokenize(str)`` -> tokens with ``id``).
+
+    Calling it raises ValueError for a word that is not ASCII, and what ``model`` raises.
+    """
+    cdef object words
+    cdef object model
+    cdef Py_ssize_t max_words
+
+    def __init__(self, words, model):
+        self.words = words
+        self.model = model
+        self.max_words = words.max_words
+
+    cdef inline void _put(self, str word, list ids) except *:
+        cdef dict cur = <dict?>getattr(self.words, _CUR)
+        if len(cur) >= self.max_words:
+            setattr(self.words, _OLD, cur)
+            cur = {}
+            setattr(self.words, _CUR, cur)
+        cur[word] = ids
+
+    def __call__(self, str word):
+        cdef dict old = <dict?>getattr(self.words, _OLD)
+        cdef Py_ssize_t n, i
+        cdef const unsigned char *s
+        cdef unsigned char c
+        cdef bint wide
+        got = old.pop(word, None)
+        if got is not None:
+            self._put(word, <list?>got)
+            return got
+        n = PyUnicode_GET_LENGTH(word)
+        if not PyUnicode_IS_ASCII(word):
+            raise ValueError("word is expected to be ASCII")
+        s = PyUnicode_1BYTE_DATA(word)
+        wide = False
+        for i in range(n):
+            if s[i] <= 0x20 or s[i] == 0x7F:
+                wide = True
+                break
+        if not wide:        # the alphabet's characters are the word's own (a str is canonical)
+            text = word
+        else:
+            text = PyUnicode_New(n, 0x121)
+        for i in range(n if wide else 0):
+            c = s[i]
+            PyUnicode_WRITE(PyUnicode_KIND(text), PyUnicode_DATA(text), i,
+                            0x100 + c if c <= 0x20 else (0x121 if c == 0x7F else c))
+        toks = self.model.tokenize(text)
+        cdef list ids = PyList_New(0)
+        for t in toks:
+            PyList_Append(ids, getattr(t, _ID))
+        self._put(word, ids)
+        return ids

@@ -60,7 +60,7 @@ import numpy.typing as npt
 import orjson
 
 from motor._fast.hashing import block_hashes, extend_hashes
-from motor._fast.pretok import WordIds, encode_ascii_words, split_added
+from motor._fast.pretok import ByteLevelMiss, WordIds, encode_ascii_words, split_added
 from motor.protocol import chat_tokenizer
 
 if TYPE_CHECKING:
@@ -141,6 +141,10 @@ class RoutingTokenizer:
         #: token ids of words (pre-tokens) seen in chat pieces, see :meth:`encode_piece`,
         #: and the recent ones in a table in front of it (no str nor dict look-up a word)
         self.words = WordCache()
+        #: a word not in :attr:`words`' current generation: from the old one, else the BPE
+        #: model on its bytes in the byte-level alphabet (:class:`~motor._fast.pretok.ByteLevelMiss`
+        #: compiled; made on first use)
+        self._word_miss: ByteLevelMiss | None = None
         self.recent_words = WordIds(WORDS_RECENT)
         #: hash-chain state after a chat's leading plan elements: (block size, salt,
         #: *elements) -> (tokens, hashes of their full blocks, ids of the partial block);
@@ -340,17 +344,10 @@ class RoutingTokenizer:
         if self._words_re is None or not piece.isascii():
             ids: list[int] = self._tok.encode(piece, add_special_tokens=False).ids
             return ids
-        return encode_ascii_words(piece, self.words, self._word_ids, self.recent_words)
-
-    def _word_ids(self, word: str) -> list[int]:
-        """Token ids of a word (pre-token) not in :attr:`words`' current generation: from
-        the old one, else the BPE model's (kept)."""
-        words = self.words
-        got = words.get_old(word)
-        if got is None:
-            got = [t.id for t in self._model.tokenize(word.translate(_BYTE_CHARS))]
-            words.put(word, got)
-        return got
+        miss = self._word_miss
+        if miss is None:
+            miss = self._word_miss = ByteLevelMiss(self.words, self._model)
+        return encode_ascii_words(piece, self.words, miss, self.recent_words)
 
     def encode_chat(self, text: str, plan: list[str | int] | None = None) -> list[int]:
         """Token ids of a rendered chat (no special tokens added, as vLLM's chat);
@@ -531,7 +528,8 @@ _BYTE_LEVEL_ASCII = re.compile(
 
 #: ASCII characters -> their byte-level alphabet characters (GPT-2's ``bytes_to_unicode``:
 #: printable bytes stand for themselves, the n-th of the others is U+0100 + n; in ASCII
-#: that is 0x00-0x20 -> U+0100-U+0120 and 0x7F -> U+0121), for ``str.translate``
+#: that is 0x00-0x20 -> U+0100-U+0120 and 0x7F -> U+0121), for ``str.translate``: the table
+#: :class:`motor._fast.pretok.ByteLevelMiss` applies (tested alike, and against the library)
 _BYTE_CHARS = {**{b: 0x100 + b for b in range(0x21)}, 0x7F: 0x121}
 
 

@@ -284,6 +284,28 @@ def test_the_word_cache_is_bounded() -> None:
     assert c.get_old("d") == [100] and "d" in c.cur and c.get_old("a") is None
 
 
+def test_a_missing_words_ids_are_the_models_in_the_byte_level_alphabet(model_dir: str,
+                                                                      bpe_dir: str) -> None:
+    from motor._fast.pretok import ByteLevelMiss
+    from motor.coordinator.tokenize import _BYTE_CHARS
+    for d in (model_dir, bpe_dir):
+        model = RoutingTokenizer(d)._model
+        words = [chr(c) for c in range(128)] + [" hello", "world", "\x7f\x00 x", "12345",
+                                                "'s", " \n", "hello"]
+        got, ref = WordCache(max_words=5), WordCache(max_words=5)
+        miss = ByteLevelMiss(got, model)
+        for w in words:
+            ids = [t.id for t in model.tokenize(w.translate(_BYTE_CHARS))]
+            assert miss(w) == ids, repr(w)
+            if ref.get_old(w) is None:          # WordCache's own rule, step by step
+                ref.put(w, ids)
+            assert got.cur == ref.cur and got.old == ref.old
+        got.old["moved"] = [1, 2]
+        assert miss("moved") == [1, 2] and "moved" in got.cur and "moved" not in got.old
+    with pytest.raises(ValueError, match="ASCII"):
+        miss("é")
+
+
 _systems = ["", "Be brief.", "You are a helpful assistant. " * 12, "x<|im_end|>y 12 345"]
 
 
