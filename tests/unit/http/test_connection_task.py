@@ -8,6 +8,8 @@ connection."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -78,6 +80,17 @@ async def start(impl: str, state: dict[str, Any]) -> tuple[HttpServer, int]:
     return srv, port
 
 
+@contextlib.asynccontextmanager
+async def serving(impl: str) -> AsyncIterator[tuple[dict[str, Any], int]]:
+    """A server of ``impl`` on 127.0.0.1: (the handlers' state, its port); shut down after."""
+    state: dict[str, Any] = {}
+    srv, port = await start(impl, state)
+    try:
+        yield state, port
+    finally:
+        await srv.shutdown(0.5)
+
+
 async def get(rd: asyncio.StreamReader, wr: asyncio.StreamWriter, path: str) -> bytes:
     """One keep-alive GET on an open connection: the body of its answer."""
     wr.write(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
@@ -90,9 +103,7 @@ async def get(rd: asyncio.StreamReader, wr: asyncio.StreamWriter, path: str) -> 
 
 def test_keep_alive_requests_share_one_task_in_the_compiled_server() -> None:
     async def go() -> None:
-        state: dict[str, Any] = {}
-        srv, port = await start("compiled", state)
-        try:
+        async with serving("compiled") as (state, port):
             a = await asyncio.open_connection("127.0.0.1", port)
             b = await asyncio.open_connection("127.0.0.1", port)
             for _ in range(4):
@@ -105,17 +116,13 @@ def test_keep_alive_requests_share_one_task_in_the_compiled_server() -> None:
             assert tasks[4] is not tasks[0]                            # b has its own
             for _, wr in (a, b):
                 wr.close()
-        finally:
-            await srv.shutdown(0.5)
     asyncio.run(go())
 
 
 @pytest.mark.parametrize("impl", ["python", "compiled"])
 def test_a_handler_that_outlives_its_answer_does_not_hold_the_next_request(impl: str) -> None:
     async def go() -> None:
-        state: dict[str, Any] = {}
-        srv, port = await start(impl, state)
-        try:
+        async with serving(impl) as (state, port):
             conn = await asyncio.open_connection("127.0.0.1", port)
             assert await get(*conn, "/tail") == b"answered"
             # the tail waits for this request: queued behind it, neither would ever end
@@ -127,17 +134,13 @@ def test_a_handler_that_outlives_its_answer_does_not_hold_the_next_request(impl:
             assert state["tail_done"]
             assert await get(*conn, "/task") == b"t"
             conn[1].close()
-        finally:
-            await srv.shutdown(0.5)
     asyncio.run(go())
 
 
 @pytest.mark.parametrize("impl", ["python", "compiled"])
 def test_a_cancellation_left_on_the_task_does_not_reach_the_next_request(impl: str) -> None:
     async def go() -> None:
-        state: dict[str, Any] = {}
-        srv, port = await start(impl, state)
-        try:
+        async with serving(impl) as (_, port):
             conn = await asyncio.open_connection("127.0.0.1", port)
             assert await get(*conn, "/leave-cancel") == b"left"
             # a handler tells an eviction from a real cancellation by the task's count of
@@ -145,8 +148,6 @@ def test_a_cancellation_left_on_the_task_does_not_reach_the_next_request(impl: s
             assert await get(*conn, "/evicted") == b"evicted"
             assert await get(*conn, "/evicted") == b"evicted"
             conn[1].close()
-        finally:
-            await srv.shutdown(0.5)
     asyncio.run(go())
 
 
