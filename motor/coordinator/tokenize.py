@@ -780,6 +780,7 @@ class Tokenizers:
                 if plan is not None:
                     res = tok.plan_key(plan, block_size, salt)
                 else:
+                    assert text is not None         # plan_chat gives one of them
                     ids = tok.encode_chat(text, None)
         if res is None:
             assert ids is not None
@@ -855,6 +856,7 @@ class Tokenizers:
                         tok.pieces.put(piece, got)
             fut.add_done_callback(keep_pieces)
             return fut
+        assert text is not None
         fut = loop.run_in_executor(self._executor(), tok.encode, text, prompt is not None)
 
         def keep(f: asyncio.Future[list[int]]) -> None:
