@@ -3,7 +3,9 @@ chat request, first seen (template rendered, text encoded) and seen again (the L
 the ``tokenizers`` model directory ``motor sim`` writes and with ``builtin``.
 
 Budget (issue 13): kv_affinity within 1.3x of round robin's CPU per request on 1 KB chat
-prompts: a request seen again must cost a key (a few us), not a render and an encode.
+prompts: a request seen again must cost a lookup (a few us), not a render and an encode
+(``token_ids``: its id LRU; ``block_key`` of a chat cut into pieces: its plan's prefix entry
+from the third time on).
 
 Run::
 
@@ -69,3 +71,34 @@ def test_block_key_new_user_turn(benchmark, sources, source):
     toks.block_key("chat", body(), 16)
     count, hashes = benchmark(lambda: toks.block_key("chat", body(), 16))
     assert count > 1000 and len(hashes) == count // 16
+
+
+@pytest.mark.parametrize("path", ["splice_plan", "render_split"])
+def test_chat_plan(benchmark, sources, path):
+    """A chat's plan (its text cut at the added tokens): from the splice's segments
+    (``plan_chat``, ``motor._fast.splice``) against the spliced render and its split."""
+    benchmark.group = "tokenize.chat_plan[system=1KB,new user turn]"
+    tok = Tokenizers({"*": sources["dir"]}).get("m")
+    n = itertools.count()
+
+    def body() -> dict:
+        return {"model": "m", "messages": [
+            {"role": "system", "content": _HARNESS_SYSTEM},
+            {"role": "user", "content": f"Question 1-{next(n)}: please summarise."}]}
+    if path == "splice_plan":
+        text, plan = benchmark(lambda: tok.plan_chat(body()))
+        assert text is None
+    else:
+        plan = benchmark(lambda: tok.chat_plan(tok.render_chat(body())))
+    assert plan is not None and plan[0] == 257 and len(plan) == 10
+
+
+def test_block_key_chat_seen_again(benchmark, sources):
+    """The same chat again (a retry, a PD fallback): its whole plan is a prefix entry."""
+    benchmark.group = "tokenize.block_key[system=1KB,seen again]"
+    toks = Tokenizers({"*": sources["dir"]})
+    body = _chat(0)
+    for _ in range(2):
+        toks.block_key("chat", body, 16)
+    count, hashes = benchmark(toks.block_key, "chat", body, 16)
+    assert len(hashes) == count // 16 and len(toks.get("m").prefixes) == 2

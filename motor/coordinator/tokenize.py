@@ -132,6 +132,9 @@ class RoutingTokenizer:
         #: the same split compiled (:func:`motor._fast.pretok.split_added`): the tokens'
         #: common prefix, the tokens longest first (the pattern's order), token -> id
         self._split_fast: tuple[str, tuple[str, ...], dict[str, int]] = ("", (), {})
+        #: whether a spliced chat's plan may come from its segments' own splits
+        #: (:func:`_splice_plans_exact`; :meth:`plan_chat`)
+        self._splice_plans = False
         #: token ids of the pieces between added tokens (chat texts, see chat_ids)
         self.pieces = TokenCache()
         #: pre-token split of a piece, when its ids are those of its words encoded alone
@@ -171,7 +174,9 @@ class RoutingTokenizer:
             self._split = None if sp is None else (_capturing(sp[1]), sp[1])
             if sp is not None:
                 names = tuple(sorted(sp[1], key=len, reverse=True))
-                self._split_fast = (os.path.commonprefix(names), names, sp[1])
+                pre = os.path.commonprefix(names)
+                self._split_fast = (pre, names, sp[1])
+                self._splice_plans = _splice_plans_exact(pre, names)
             self._words_re = word_splitter(tj)
             self._model = self._tok.model
         except Exception as e:  # noqa: BLE001 - file missing / malformed: one clear error
@@ -282,7 +287,7 @@ class RoutingTokenizer:
         sp = self._splice
         pre = self._split_fast[0]
         messages = body.get("messages")
-        if sp is not None and pre and type(messages) is list \
+        if sp is not None and self._splice_plans and type(messages) is list \
                 and not body.get("continue_final_message") and body.get("tools") is None \
                 and body.get("documents") is None and not body.get("chat_template_kwargs"):
             plan = sp.plan(messages, bool(body.get("add_generation_prompt", True)),
@@ -582,6 +587,22 @@ class WordCache:
         self.cur[word] = ids
 
 
+def _splice_plans_exact(prefix: str, names: tuple[str, ...]) -> bool:
+    """Whether the added-token split of a spliced text is its segments' splits with the
+    contents run in wherever no piece holding a content holds ``prefix`` (the tokens'
+    common prefix; :func:`motor._fast.splice.plan_of`). Two kinds of token set break it: a
+    token that is a proper prefix of another (a segment's last token and the content after
+    it can make the longer one), and a prefix with a border, a proper suffix equal to its
+    own start (``<<``: a content that ends in ``<`` and a segment's token that starts
+    with ``<<`` can make a token that starts in the content); the text is split whole then.
+    """
+    if not prefix:
+        return False
+    if any(len(p) < len(q) and q.startswith(p) for p in names for q in names):
+        return False
+    return not any(prefix.endswith(prefix[:k]) for k in range(1, len(prefix)))
+
+
 #: the chat request fields the template reads besides ``messages`` (the cache key)
 _CHAT_KEY_FIELDS = ("add_generation_prompt", "continue_final_message", "tools", "documents",
                     "chat_template_kwargs")
@@ -589,9 +610,14 @@ _CHAT_KEY_FIELDS = ("add_generation_prompt", "continue_final_message", "tools", 
 
 def _chat_key(src: str, body: dict[str, Any]) -> bytes | None:
     """The cache key of a chat's token ids: the tokenizer and every template input, as JSON
-    bytes (``None``: not encodable, not cached)."""
+    bytes (``None``: not encodable, not cached). The two flags are keyed as
+    :meth:`RoutingTokenizer.render_chat` reads them (``add_generation_prompt`` absent is
+    true, ``null`` false), the other inputs as sent."""
     try:
-        return orjson.dumps([src, body.get("messages"), *(body.get(k) for k in _CHAT_KEY_FIELDS)])
+        return orjson.dumps([src, body.get("messages"),
+                             bool(body.get("add_generation_prompt", True)),
+                             bool(body.get("continue_final_message", False)),
+                             *(body.get(k) for k in _CHAT_KEY_FIELDS[2:])])
     except TypeError:
         return None
 

@@ -215,3 +215,30 @@ def test_a_template_that_trims_is_rendered_whole(tmp_path: Path) -> None:
     assert tok.render_chat({"messages": msgs}) == \
         "<|start_header_id|>system<|end_header_id|>\n\nsys" \
         "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+
+
+def test_token_sets_the_segments_split_cannot_stand_for_are_split_whole(tmp_path: Path) -> None:
+    from motor.coordinator.tokenize import _splice_plans_exact
+    chatml = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+    assert _splice_plans_exact("<|", chatml)
+    assert not _splice_plans_exact("<|", chatml + ("<|im_end|>X",))   # a prefix of another
+    assert not _splice_plans_exact("<<", ("<<a>>", "<<b>>"))          # "<<" has a border
+    assert not _splice_plans_exact("", ("a", "b"))
+    # a segment's last token and the content's first character make a longer token
+    from tokenizers import AddedToken, Tokenizer
+    sim = write_model_dir(tmp_path / "sim")
+    d = tmp_path / "longer"
+    d.mkdir()
+    tk = Tokenizer.from_file(str(sim / "tokenizer.json"))
+    tk.add_special_tokens([AddedToken("<|im_end|>X", normalized=False)])
+    tk.save(str(d / "tokenizer.json"))
+    cfg = json.loads((sim / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = ("{% for m in messages %}<|im_start|>{{ m.role }}\n<|im_end|>"
+                            "{{ m.content }}\n{% endfor %}")
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = RoutingTokenizer(str(d))
+    assert tok._splice is not None and not tok._splice_plans
+    body = {"messages": [{"role": "user", "content": "X and more"}]}
+    text = tok.render_chat(body)
+    assert tok.plan_chat(body) == (text, tok.chat_plan(text))
+    assert tok.chat_ids(body) == tok._tok.encode(text, add_special_tokens=False).ids

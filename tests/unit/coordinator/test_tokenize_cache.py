@@ -367,3 +367,17 @@ def test_the_key_and_prefix_caches_are_bounded_in_size(model_dir: str,
     assert 1 <= len(toks.keys) <= 3 and toks.key_bytes <= 3000 + 1000
     assert 1 <= len(tok.prefixes) <= 3 and tok.prefix_chars <= 3000 + 1000
     assert toks.key_bytes == sum(tokenize._key_size(k, v[3]) for k, v in toks.keys.items())
+
+
+def test_an_explicit_null_flag_is_keyed_as_the_template_reads_it(model_dir: str) -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    null, absent = {"messages": msgs, "add_generation_prompt": None}, {"messages": msgs}
+    for src in (model_dir, BUILTIN):
+        ref = RoutingTokenizer(src)
+        want = {id(b): ref.chat_ids(b) for b in (null, absent)}
+        assert want[id(null)] != want[id(absent)]          # null: no generation prompt
+        for order in ((null, absent), (absent, null)):
+            toks = Tokenizers({"*": src})
+            for b in order * 2:
+                assert toks.token_ids("chat", b) == want[id(b)]
+                assert toks.block_key("chat", b, 4)[0] == len(want[id(b)])
