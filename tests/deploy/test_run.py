@@ -12,6 +12,7 @@ import yaml
 from motor import run
 from motor.errors import ConfigError
 from motor.run import EnvError, plan
+from tests.support.procs import program_stderr
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,7 +202,7 @@ def test_motor_run_refuses_a_bad_environment_with_status_2(config: Path) -> None
                        env={"PATH": "/usr/bin:/bin", "MOTOR_CONFIG": str(config),
                             "MOTOR_ROLE": "engine-pod", "POD_NAME": "p-0"})
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.splitlines() == [
+    assert program_stderr(r.stderr).splitlines() == [
         "motor run: POD_IP: expected the pod's IP address (where the engines of MOTOR_ROLE "
         "engine-pod listen), got nothing (not set)"]
 

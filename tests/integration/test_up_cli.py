@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from tests.support.procs import free_ports, pids_matching, read_line_with
+from tests.support.procs import free_ports, pids_matching, program_stderr, read_line_with
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -109,7 +109,7 @@ def test_bad_options_are_refused_before_anything_starts(tmp_path):
         assert r.returncode == 2, (argv, r.stderr)
         assert r.stdout == "" and "Traceback" not in r.stderr, (argv, r.stderr)
         cmd = argv[0]
-        assert r.stderr.splitlines() == [
+        assert program_stderr(r.stderr).splitlines() == [
             f"usage: motor {cmd} [OPTIONS] ('motor {cmd} --help' lists them)", message], r.stderr
     assert pids_matching("motor", "--port", str(base)) == []
     for port in (ctl, gw):  # nothing listens on the config's ports

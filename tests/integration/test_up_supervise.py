@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -21,13 +20,10 @@ from pathlib import Path
 import pytest
 
 from motor.up import FORCE_AFTER_S
-from tests.support.procs import free_ports, pids_matching
+from tests.support.procs import ASYNCIO_SLOW, free_ports, pids_matching
 
 MODEL = "motor-sim"
 
-#: asyncio's debug-mode line for a slow step: "WARNING asyncio[pid]: Executing <...> took
-#: 0.118 seconds" (asyncio.base_events, under PYTHONASYNCIODEBUG=1 only)
-_ASYNCIO_SLOW = re.compile(r" WARNING asyncio\[\d+\]: Executing .* took \d+\.\d+ seconds$")
 
 
 @dataclass
@@ -255,7 +251,7 @@ def test_sigterm_finishes_16_streams_in_flight_then_stops_everything(tmp_path: P
     # PYTHONASYNCIODEBUG=1, on a loaded 2-core machine) is a timing, not motor's warning
     for log in [up.err, *sorted(up.logs.glob("*.log"))]:
         warnings = [ln for ln in log.read_text().splitlines()
-                    if " WARNING " in ln and not _ASYNCIO_SLOW.search(ln)]
+                    if " WARNING " in ln and not ASYNCIO_SLOW.search(ln)]
         assert warnings == [], (log.name, warnings)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import select
 import signal
 import socket
@@ -10,6 +11,17 @@ import subprocess
 import sys
 import time
 import urllib.request
+
+#: asyncio's debug-mode report of a slow step: "... WARNING asyncio[pid]: Executing <...> took
+#: 0.118 seconds" (asyncio.base_events, under PYTHONASYNCIODEBUG=1 only: CI's second pass runs
+#: everything so, on a loaded 2-core machine): a timing of the machine, not the program's output
+ASYNCIO_SLOW = re.compile(r" WARNING asyncio\[\d+\]: Executing .* took \d+\.\d+ seconds$")
+
+
+def program_stderr(text: str) -> str:
+    """A child's stderr without asyncio's debug-mode slow-step lines, stripped: what the
+    program itself wrote, for tests of its exact words."""
+    return "\n".join(ln for ln in text.splitlines() if not ASYNCIO_SLOW.search(ln)).strip()
 
 
 def _ephemeral_range() -> tuple[int, int]:

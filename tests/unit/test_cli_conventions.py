@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import motor.cli as cli
 from motor.cli import COMMANDS, OptionError, apply_overrides
+from tests.support.procs import program_stderr
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -272,7 +273,7 @@ def test_bad_option_in_a_subprocess_has_no_traceback() -> None:
     r = subprocess.run([sys.executable, "-m", "motor", "coordinator", "--port", "x"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.splitlines() == [
+    assert program_stderr(r.stderr).splitlines() == [
         "usage: motor coordinator [OPTIONS] ('motor coordinator --help' lists them)",
         "motor coordinator: error: argument --port: expected a port number 1..65535, got 'x'"]
 
@@ -297,8 +298,8 @@ def test_coordinator_busy_port_goes_to_stderr_with_status_1() -> None:
                             "--backend", "http://127.0.0.1:1"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr.strip() == (f"motor coordinator: cannot listen on 127.0.0.1:{port} "
-                                "(--port): address already in use")
+    assert program_stderr(r.stderr) == (f"motor coordinator: cannot listen on 127.0.0.1:{port} "
+                                        "(--port): address already in use")
 
 
 # ------------------------------------------------------------------ the types

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.procs import program_stderr
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -25,14 +26,14 @@ def test_busy_port_is_one_line(tmp_path: Path) -> None:
     try:
         r = _run("--host", "127.0.0.1", "--port", str(port))
         assert r.returncode == 1
-        assert r.stderr.strip() == (f"motor controller: cannot listen on 127.0.0.1:{port} "
-                                    "(--port): address already in use")
+        assert program_stderr(r.stderr) == (f"motor controller: cannot listen on 127.0.0.1:{port} "
+                                            "(--port): address already in use")
         cfg = tmp_path / "c.yaml"
         cfg.write_text(f"controller: {{host: 127.0.0.1, port: {port}}}\n")
         r = _run("-c", str(cfg))
         assert r.returncode == 1
-        assert r.stderr.strip() == (f"motor controller: cannot listen on 127.0.0.1:{port} "
-                                    "(controller.port): address already in use")
+        assert program_stderr(r.stderr) == (f"motor controller: cannot listen on 127.0.0.1:{port} "
+                                            "(controller.port): address already in use")
     finally:
         s.close()
 

@@ -22,6 +22,7 @@ from motor.coordinator.endpoints import ControllerWatcher, EndpointTable
 from motor.errors import ConfigError
 from motor.http.client import Client
 from motor.node_manager.agent import NodeAgent
+from tests.support.procs import program_stderr
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -239,9 +240,9 @@ def test_controller_cli_refuses_a_bad_certificate_file(pki, tmp_path: Path) -> N
     r = subprocess.run([sys.executable, "-m", "motor", "controller", "-c", str(cfg)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert r.stderr.strip() == (f"motor controller: controller.tls.cert_file: expected a "
-                                f"readable PEM file, got '{tmp_path / 'nope.pem'}' (no such "
-                                f"file)")
+    assert program_stderr(r.stderr) == (f"motor controller: controller.tls.cert_file: expected a "
+                                        f"readable PEM file, got '{tmp_path / 'nope.pem'}' (no such "
+                                        f"file)")
 
 
 def _peer_serial(port: int, ctx: ssl.SSLContext) -> tuple[int, ssl.SSLSocket]:

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from tests.support.procs import program_stderr
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -29,12 +30,12 @@ def test_busy_management_port_is_one_line(tmp_path: Path) -> None:
                        f"nodes: [{{name: node0, host: 127.0.0.1, mgmt_port: {port}, engines: []}}]\n")
         r = _run(tmp_path, "-c", str(cfg))
         assert r.returncode == 1
-        assert r.stderr.strip() == (f"motor node-manager: cannot listen on 127.0.0.1:{port} "
-                                    "(nodes[0].mgmt_port): address already in use")
+        assert program_stderr(r.stderr) == (f"motor node-manager: cannot listen on 127.0.0.1:{port} "
+                                            "(nodes[0].mgmt_port): address already in use")
         r = _run(tmp_path, "-c", str(cfg), "--port", str(port))
         assert r.returncode == 1
-        assert r.stderr.strip() == (f"motor node-manager: cannot listen on 127.0.0.1:{port} "
-                                    "(--port): address already in use")
+        assert program_stderr(r.stderr) == (f"motor node-manager: cannot listen on 127.0.0.1:{port} "
+                                            "(--port): address already in use")
         # nothing was started: no temp engine log dir left behind
         assert not [p for p in os.listdir(tmp_path) if p.startswith("motor-")]
     finally:

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from .helpers import post_json, request
+from tests.support.procs import program_stderr
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -123,14 +124,14 @@ def test_busy_port_is_one_line_not_a_traceback(model_dir):
     try:
         r = _run_sim(model_dir, "--port", str(port))
         assert r.returncode == 1
-        assert r.stderr.strip() == (f"motor sim: cannot listen on 127.0.0.1:{port} (--port): "
-                                    "address already in use")
+        assert program_stderr(r.stderr) == (f"motor sim: cannot listen on 127.0.0.1:{port} (--port): "
+                                            "address already in use")
         assert r.stdout == ""
         r = _run_sim(model_dir, "--port", "0", "--role", "prefill",
                      "--disaggregation-bootstrap-port", str(port))
         assert r.returncode == 1
-        assert r.stderr.strip() == (f"motor sim: cannot listen on 127.0.0.1:{port} "
-                                    "(--disaggregation-bootstrap-port): address already in use")
+        assert program_stderr(r.stderr) == (f"motor sim: cannot listen on 127.0.0.1:{port} "
+                                            "(--disaggregation-bootstrap-port): address already in use")
     finally:
         s.close()
 
