@@ -35,13 +35,14 @@ new user turns never meets it again. The routing key (token count and block hash
 a tokenizer that encodes it whole) is kept in an LRU keyed by exactly what it depends on
 (the tokenizer, and the chat's ``messages`` with the template's other inputs, or the
 completion's text), bounded in entries and in bytes; :meth:`Tokenizers.token_ids` keeps the
-ids of every request alike, in its own LRU. With a byte-level BPE (GPT-2's pre-tokenizer), a new ASCII piece is
-cut into its words (compiled: :func:`motor._fast.pretok.encode_ascii_words`) and only words
-not seen before go to the BPE model (:meth:`RoutingTokenizer.encode_piece`: the library's
-pre-tokenizer regex costs more than the rest of its encode). Text not cached of at least
-:data:`OFF_LOOP_MIN_CHARS` characters is encoded in a bounded thread pool (``tokenizers``
-releases the GIL while it encodes) while the event loop goes on (:meth:`Tokenizers.warm`);
-shorter text inline, where a thread hop would cost more than the encode.
+ids of every request alike, in its own LRU. With a byte-level BPE (GPT-2's pre-tokenizer), a
+new ASCII piece is cut into its words (compiled: :func:`motor._fast.pretok.encode_ascii_words`)
+and only words not seen before go to the BPE model (:meth:`RoutingTokenizer.encode_piece`:
+the library's pre-tokenizer regex costs more than the rest of its encode). Text not cached
+of at least :data:`OFF_LOOP_MIN_CHARS` characters is encoded in a bounded thread pool
+(``tokenizers`` releases the GIL while it encodes) while the event loop goes on
+(:meth:`Tokenizers.warm`); shorter text inline, where a thread hop would cost more than the
+encode.
 """
 from __future__ import annotations
 
