@@ -117,6 +117,51 @@ cdef inline double _number(object o) except? -1.0:
     return PyFloat_AsDouble(o)
 
 
+cdef Py_ssize_t gather_ptr(list cands, dict slot_of, const int32_t *m, Py_ssize_t n_slots,
+                           object favored_key, cnp.intp_t *sl, int32_t *ov, double *ld,
+                           Py_ssize_t *favored) except -1:
+    """Core of :func:`gather`: for each of the ``k`` candidates, ``sl[j]`` = its slot (-1
+    without one), row ``j`` of ``ov`` (int32[k * 3]) = row ``sl[j]`` of ``m``
+    (int32[n_slots * 3]; left as it is where ``m`` is NULL or the candidate has no slot)
+    and, where ``ld`` (float64[3 * k]) is not NULL, ``ld[j]``, ``ld[k + j]``,
+    ``ld[2k + j]`` = its prefill tokens, decode tokens and requests in flight;
+    ``favored[0]`` = the first position whose key equals ``favored_key`` (left as it is
+    when none does). Returns how many candidates have no slot. Raises as :func:`gather`."""
+    cdef Py_ssize_t k = PyList_GET_SIZE(cands), j, slot
+    cdef Py_ssize_t missing = 0
+    cdef PyObject *s
+    cdef object e, key
+    cdef PyTypeObject *tp
+    for j in range(k):
+        e = <object>PyList_GET_ITEM(cands, j)
+        tp = Py_TYPE(e)
+        if tp != _seen_type or _seen_tag == 0 or col_type_tag(tp) != _seen_tag:
+            _learn_type(tp)
+        key = _attr(e, A_KEY)
+        if favored[0] < 0 and favored_key is not None and (
+                key is favored_key or key == favored_key):
+            favored[0] = j
+        s = PyDict_GetItemWithError(slot_of, key)
+        if s == NULL:
+            sl[j] = -1
+            missing += 1
+        else:
+            slot = <object>s
+            if m != NULL:
+                if slot < 0 or slot >= n_slots:
+                    raise ValueError(f"slot of {key!r} is expected to be in "
+                                     f"0..{n_slots - 1}, got {slot}")
+                ov[3 * j] = m[3 * slot]
+                ov[3 * j + 1] = m[3 * slot + 1]
+                ov[3 * j + 2] = m[3 * slot + 2]
+            sl[j] = slot
+        if ld != NULL:
+            ld[j] = _number(_attr(e, A_PREFILL))
+            ld[k + j] = _number(_attr(e, A_DECODE))
+            ld[2 * k + j] = _number(_attr(e, A_INFLIGHT))
+    return missing
+
+
 def gather(list cands, dict slot_of, object match_out, bint local_loads,
            object favored_key=None):
     """Slots, cached blocks and local load of each candidate, in candidate order.
@@ -159,12 +204,10 @@ def gather(list cands, dict slot_of, object match_out, bint local_loads,
     AttributeError
         A candidate without ``key`` or (``local_loads``) one of the counters.
     """
-    cdef Py_ssize_t k = PyList_GET_SIZE(cands), j, slot, n_slots = 0
-    cdef Py_ssize_t missing = 0, favored = -1
+    cdef Py_ssize_t k = PyList_GET_SIZE(cands), n_slots = 0
+    cdef Py_ssize_t missing, favored = -1
     cdef const int32_t *m = NULL
     cdef cnp.ndarray arr
-    cdef PyObject *s
-    cdef object e, key
     # the C API, not np.empty / np.zeros through a Python call (their argument parsing)
     cdef cnp.npy_intp d1[1]
     cdef cnp.npy_intp d2[2]
@@ -176,9 +219,6 @@ def gather(list cands, dict slot_of, object match_out, bint local_loads,
     d2[0] = 3
     d2[1] = k
     loads = cnp.PyArray_EMPTY(2, d2, cnp.NPY_FLOAT64, 0) if local_loads else None
-    cdef cnp.intp_t *sl = <cnp.intp_t *>cnp.PyArray_DATA(<cnp.ndarray>slots)
-    cdef int32_t *ov = <int32_t *>cnp.PyArray_DATA(<cnp.ndarray>overlap)
-    cdef double *ld = <double *>cnp.PyArray_DATA(<cnp.ndarray>loads) if local_loads else NULL
     if match_out is not None:
         if not isinstance(match_out, cnp.ndarray):
             raise TypeError(f"match_out is expected to be a numpy int32 array of shape "
@@ -192,34 +232,11 @@ def gather(list cands, dict slot_of, object match_out, bint local_loads,
                              f"got shape {match_out.shape}")
         m = <const int32_t *>cnp.PyArray_DATA(arr)
         n_slots = cnp.PyArray_DIM(arr, 0)
-    cdef PyTypeObject *tp
-    for j in range(k):
-        e = <object>PyList_GET_ITEM(cands, j)
-        tp = Py_TYPE(e)
-        if tp != _seen_type or _seen_tag == 0 or col_type_tag(tp) != _seen_tag:
-            _learn_type(tp)
-        key = _attr(e, A_KEY)
-        if favored < 0 and favored_key is not None and (
-                key is favored_key or key == favored_key):
-            favored = j
-        s = PyDict_GetItemWithError(slot_of, key)
-        if s == NULL:
-            sl[j] = -1
-            missing += 1
-        else:
-            slot = <object>s
-            if m != NULL:
-                if slot < 0 or slot >= n_slots:
-                    raise ValueError(f"slot of {key!r} is expected to be in "
-                                     f"0..{n_slots - 1}, got {slot}")
-                ov[3 * j] = m[3 * slot]
-                ov[3 * j + 1] = m[3 * slot + 1]
-                ov[3 * j + 2] = m[3 * slot + 2]
-            sl[j] = slot
-        if local_loads:
-            ld[j] = _number(_attr(e, A_PREFILL))
-            ld[k + j] = _number(_attr(e, A_DECODE))
-            ld[2 * k + j] = _number(_attr(e, A_INFLIGHT))
+    missing = gather_ptr(cands, slot_of, m, n_slots, favored_key,
+                         <cnp.intp_t *>cnp.PyArray_DATA(<cnp.ndarray>slots),
+                         <int32_t *>cnp.PyArray_DATA(<cnp.ndarray>overlap),
+                         <double *>cnp.PyArray_DATA(<cnp.ndarray>loads) if local_loads
+                         else NULL, &favored)
     return slots, overlap, loads, missing, favored
 
 

@@ -39,6 +39,11 @@ logger = logging.getLogger(__name__)
 MAX_INSTANCES = 256
 #: approximate indexes run their TTL sweep at most this often (seconds)
 _SWEEP_PERIOD_S = 1.0
+#: the modes as module constants: an enum class's attribute read goes through its
+#: metaclass's ``__getattr__`` hook (~10x a plain read), and :meth:`KvRouter.routed` reads
+#: them on every request
+_ON = ApproximateMode.ON
+_OFF = ApproximateMode.OFF
 
 
 class ApproximateIndex:
@@ -201,9 +206,9 @@ class KvRouter:
 
     def uses_approximate(self, ep: EndpointState, group: str | None) -> bool:
         mode = self.approx_cfg(group).mode
-        if mode is ApproximateMode.ON:
+        if mode is _ON:
             return True
-        if mode is ApproximateMode.OFF:
+        if mode is _OFF:
             return False
         return self._slots.get(ep.key, -1) not in self.event_slots
 
@@ -224,22 +229,32 @@ class KvRouter:
                                "such requests are routed on load alone", route, model, e)
             return None
 
-    def match(self, hashes: npt.NDArray[np.uint64], group: str | None) -> npt.NDArray[np.int32]:
-        """int32[MAX_INSTANCES, 3]: leading cached blocks per slot and fastest tier
-        (a view of a reused buffer: valid until the next call)."""
-        out = self._out
+    def indexes(self, group: str | None) -> tuple[PrefixIndex, PrefixIndex | None]:
+        """(the exact index, ``group``'s approximate index or None when it holds nothing):
+        what a match of a ``group`` request reads, the approximate one swept of its expired
+        blocks first when its sweep is due."""
         a = self.approx.get(group or "")
         if a is None or not a.index.n_nodes:
-            self.exact.match_into(hashes, out)
-            return out
+            return self.exact, None
         now = self.clock()
         if now >= a.next_sweep:
             a.sweep(now)
-        if not self.exact.n_nodes:      # approximate mode only: one match
-            a.index.match_into(hashes, out)
+        return self.exact, a.index
+
+    def match(self, hashes: npt.NDArray[np.uint64], group: str | None) -> npt.NDArray[np.int32]:
+        """int32[MAX_INSTANCES, 3]: leading cached blocks per slot and fastest tier, the
+        larger of the two :meth:`indexes`' counts (a view of a reused buffer: valid until
+        the next call)."""
+        out = self._out
+        exact, approx = self.indexes(group)
+        if approx is None:
+            exact.match_into(hashes, out)
             return out
-        self.exact.match_into(hashes, out)
-        a.index.match_into(hashes, self._out2)
+        if not exact.n_nodes:           # approximate mode only: one match
+            approx.match_into(hashes, out)
+            return out
+        exact.match_into(hashes, out)
+        approx.match_into(hashes, self._out2)
         np.maximum(out, self._out2, out=out)
         return out
 
@@ -251,7 +266,7 @@ class KvRouter:
             return
         a = self.approx.get(group or "")    # uses_approximate, without creating the index
         mode = a.mode if a is not None else self.approx_cfg(group).mode
-        if mode is ApproximateMode.OFF or (mode is not ApproximateMode.ON and self._slots.get(
+        if mode is _OFF or (mode is not _ON and self._slots.get(
                 ep.key, -1) in self.event_slots):
             return
         if a is None:

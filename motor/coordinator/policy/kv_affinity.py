@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from motor._fast.columns import gather
+from motor._fast.kvpick import TokenPick
 from motor._fast.scoring import pick as score_pick
 from motor._fast.scoring import pick_ttft
 from motor.config.schema import KvCost
@@ -97,6 +98,9 @@ class KvAffinity(Policy):
         #: attribute costs ~10x a plain one's on every decision
         self._score_cfg = (c.prefill_weight, c.decode_weight, c.queue_penalty_tokens,
                            c.load_guard, c.load_guard_min_tokens)
+        #: the token cost's decision in one compiled call (None: ``kv.cost: time``)
+        self._token_pick = None if c.cost is KvCost.TIME else TokenPick(
+            c.block_size, self._credit, *self._score_cfg)
         self._next = 0
         self.time_cost = c.cost is KvCost.TIME
         t = c.ttft
@@ -162,36 +166,71 @@ class KvAffinity(Policy):
         if not cands:
             cands = candidates
         r = self.router
+        last = self._session_last(request)
+        start = self._next
+        self._next = start + 1
+        tp = self._token_pick
+        if tp is not None and not logger.isEnabledFor(logging.DEBUG):
+            # the token cost in one compiled call: _pick_columns' decision without its
+            # numpy arrays (motor._fast.kvpick; the tests compare the two)
+            hashes = request.block_hashes
+            exact = approx = None
+            if hashes is not None and len(hashes):
+                exact, approx = r.indexes(request.model)
+            else:
+                hashes = None
+            alt = session_start(request.session) \
+                if request.session is not None and self.sessions is not None else -1
+            loads = None if getattr(cands[0], "shared", None) is None else load_columns(cands)
+            got = tp.pick(cands, r.slot_map, hashes, exact, approx, request.prompt_tokens,
+                          start, alt, last, self.session_credit_tokens, loads)
+            if got is None:         # an endpoint new to KV routing: give it a slot
+                for e in cands:
+                    r.slot(e.key)
+                got = tp.pick(cands, r.slot_map, hashes, exact, approx, request.prompt_tokens,
+                              start, alt, last, self.session_credit_tokens, loads)
+                assert got is not None
+            pos, cost, o0, o1, o2, _ = got
+        else:
+            pos, cost, o0, o1, o2 = self._pick_columns(cands, request, start, last)
+        c0, c1, c2 = self._credit
+        bs = r.block_size
+        prompt = request.prompt_tokens
+        cached = (o0 + o1 + o2) * bs
+        request.cached_tokens = cached if cached < prompt else prompt
+        request.cost = cost
+        left = int(prompt - bs * (c0 * o0 + c1 * o1 + c2 * o2))
+        request.prefill_tokens = left if left > 0 else 0
+        if request.block_hashes is not None:
+            metrics.KV_PROMPT_TOKENS.inc(prompt)
+            metrics.KV_MATCHED_TOKENS.inc(request.cached_tokens)
+        return cands[pos]
+
+    def _pick_columns(self, cands: list[EndpointState], request: RequestInfo, start: int,
+                      last: str | None) -> tuple[int, float, int, int, int]:
+        """The decision from numpy columns (match, :func:`~motor._fast.columns.gather`,
+        then :meth:`_pick_time` or :meth:`_pick_tokens`): (position, cost, the chosen one's
+        cached blocks per tier). ``start``: the rotation's offset; ``last``: the session's
+        last endpoint."""
+        r = self.router
         hashes = request.block_hashes
         m = r.match(hashes, request.model) if hashes is not None and len(hashes) else None
         # one worker: this process's counters; several: the shared table (load_columns)
         local = getattr(cands[0], "shared", None) is None
-        last = self._session_last(request)
         slots, overlap, loads, missing, fav = gather(cands, r.slot_map, m, local, last)
         if missing:                 # an endpoint new to KV routing: give it a slot
             for e in cands:
                 r.slot(e.key)
             slots, overlap, loads, missing, fav = gather(cands, r.slot_map, m, local, last)
         cols = (loads[0], loads[1], loads[2]) if loads is not None else load_columns(cands)
-        start = self._next
-        self._next = start + 1
         if fav < 0 and request.session is not None and self.sessions is not None:
             start = session_start(request.session)   # the same endpoint in every worker
         if self.time_cost:
             pos, cost = self._pick_time(cands, request, overlap, slots, cols, start, fav)
         else:
             pos, cost = self._pick_tokens(cands, request, overlap, cols, start, fav)
-        ep = cands[pos]
         o0, o1, o2 = overlap[pos].tolist()
-        c0, c1, c2 = self._credit
-        saved = r.block_size * (c0 * o0 + c1 * o1 + c2 * o2)
-        request.cached_tokens = min((o0 + o1 + o2) * r.block_size, request.prompt_tokens)
-        request.cost = cost
-        request.prefill_tokens = max(0, int(request.prompt_tokens - saved))
-        if hashes is not None:
-            metrics.KV_PROMPT_TOKENS.inc(request.prompt_tokens)
-            metrics.KV_MATCHED_TOKENS.inc(request.cached_tokens)
-        return ep
+        return pos, cost, o0, o1, o2
 
     def _session_last(self, request: RequestInfo) -> str | None:
         """Key of the endpoint that served ``request``'s session last (None: no session,

@@ -164,3 +164,43 @@ def test_exact_instances_are_not_guessed_in_auto_mode() -> None:
     info = request(p, chat("q"))
     p.routed(ep, info)
     assert p.router.index_blocks("approximate") == 0
+
+
+def test_the_compiled_decision_is_the_numpy_paths(caplog: Any) -> None:
+    """Under ``kv.cost: tokens`` pick runs TokenPick (one compiled call); with debug logging
+    on it runs the numpy columns and logs the terms. Two policies fed the same run (exact
+    holders, approximate inserts, loads, sessions, exclusions) decide alike."""
+    import logging
+    import random
+
+    cfg = {"approximate": {"mode": "auto"}, "session": {"enabled": True}}
+    fast, slow = (KvAffinity(KvRouter(KvRoutingConfig.model_validate(cfg))) for _ in range(2))
+    eps = {p: [Ep(k, None if k in ("c#0", "d#0") else "tcp://x:1")
+               for k in ("a#0", "b#0", "c#0", "d#0")] for p in (id(fast), id(slow))}
+    for p in (fast, slow):
+        hold(p.router, eps[id(p)][1], chat("shared question"))
+    rng = random.Random(7)
+    log = logging.getLogger("motor.coordinator.policy.kv_affinity")
+    for i in range(120):
+        body = chat(rng.choice(["shared question", f"q{i % 9}", "shared question, more"]),
+                    system=rng.choice([SYSTEM, "Short system."]))
+        if rng.random() < 0.5:      # a session seen before, or a new one (its stable start)
+            body["user"] = f"s{i % 4}" if rng.random() < 0.5 else f"new{i}"
+        loads = [(rng.randint(0, 3), rng.choice([0, 500, 5000])) for _ in range(4)]
+        drop = rng.randrange(4) if rng.random() < 0.2 else None
+        picked = []
+        for p, debug in ((fast, False), (slow, True)):
+            mine = eps[id(p)]
+            for e, (n, toks) in zip(mine, loads):
+                e.inflight, e.inflight_prefill_tokens = n, toks
+            info = request(p, body)
+            log.setLevel(logging.DEBUG if debug else logging.INFO)
+            caplog.clear()
+            with caplog.at_level(logging.DEBUG if debug else logging.INFO, log.name):
+                ep = p.pick(mine, info, {mine[drop]} if drop is not None else None)
+            assert ep is not None
+            assert any("kv_affinity:" in r.getMessage() for r in caplog.records) == debug
+            p.routed(ep, info)
+            picked.append((ep.key, info.cost, info.cached_tokens, info.prefill_tokens))
+        assert picked[0] == picked[1], i
+    log.setLevel(logging.NOTSET)
