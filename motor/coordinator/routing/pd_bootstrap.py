@@ -21,10 +21,9 @@ from typing import Any
 
 import orjson
 
-from motor.config.schema import Role
 from motor.coordinator.endpoints import EndpointState, Lease
 from motor.coordinator.metrics import PD_PREFILL, PD_REQUESTS
-from motor.coordinator.routing.base import (engine_error_body, note_status, read_whole,
+from motor.coordinator.routing.base import (PREFILL, engine_error_body, note_status, read_whole,
                                             transport_failed)
 from motor.coordinator.routing.pd_common import Ctx, LegFailed, PdPath, failed_outcome
 
@@ -109,11 +108,11 @@ class Bootstrap(PdPath):
             if self.table.gated:
                 ps, _ = await self.room_pair(ctx.model, False)
                 if p_ep not in ps:
-                    p_ep = self.pick(Role.PREFILL, ctx, set(), ps)
+                    p_ep = self.pick(PREFILL, ctx, set(), ps)
                     work = ctx.info.prefill_tokens
         else:
             ps, _ = await self.room_pair(ctx.model, False)
-            p_ep = self.pick(Role.PREFILL, ctx, set(), ps)
+            p_ep = self.pick(PREFILL, ctx, set(), ps)
             work = ctx.info.prefill_tokens
         if p_ep is None:
             raise LegFailed(503, "no prefill instance is ready")

@@ -38,7 +38,8 @@ from motor.coordinator.observe import Obs
 from motor.coordinator.policy import Policy, RequestInfo, make_policy
 from motor.coordinator.policy.pairs import Choice, PairChooser
 from motor.coordinator.recovery import END, REFUSE, StreamRecovery, after_leg, continuable
-from motor.coordinator.routing.base import (JSON, Parsed, RequestPath, Route, Settings,
+from motor.coordinator.routing.base import (DECODE, JSON, PREFILL, UNION, Parsed, RequestPath,
+                                            Route, Settings,
                                             engine_error_body, estimate_prompt_tokens,
                                             failure_text, note_status, parse_request,
                                             read_whole, relay_sse, settle_leg,
@@ -243,7 +244,7 @@ class PdPath(RequestPath):
         if p is None:
             return
         table = self.table
-        if not table.candidates(Role.PREFILL, p.model) or not table.candidates(Role.DECODE,
+        if not table.candidates(PREFILL, p.model) or not table.candidates(DECODE,
                                                                                 p.model):
             await self.no_pair(route, req, resp, p)
             return
@@ -272,7 +273,7 @@ class PdPath(RequestPath):
         """No prefill or no decode instance is ready: the union path when allowed and a
         union instance serves the model, else 404 (unknown model) or 503."""
         table, model = self.table, p.model
-        if self.s.fallback_to_union and table.candidates(Role.UNION, model):
+        if self.s.fallback_to_union and table.candidates(UNION, model):
             PD_REQUESTS.labels(self.name, "fallback_union").inc()
             await self.union.handle(route, req, resp, p)
             return
@@ -281,7 +282,7 @@ class PdPath(RequestPath):
             route.fail(resp, 404, f"The model `{model}` does not exist.", p.rid_header,
                        param="model")
             return
-        missing = "decode" if table.candidates(Role.PREFILL, model) else "prefill"
+        missing = "decode" if table.candidates(PREFILL, model) else "prefill"
         route.fail(resp, 503, f"no {missing} instance is ready"
                    + (f" for model {model}" if model else "")
                    + " and no union instance to fall back to", p.rid_header)
@@ -302,7 +303,7 @@ class PdPath(RequestPath):
                          why)
             return
         if s.token_ids_mode != "always" and all(
-                not s.ids_for(e) for e in self.table.candidates(Role.DECODE, ctx.model)):
+                not s.ids_for(e) for e in self.table.candidates(DECODE, ctx.model)):
             return
         ctx.rec = StreamRecovery(ctx.chat, ctx.body)
         if ctx.body.get("return_token_ids") is not True:
@@ -319,9 +320,9 @@ class PdPath(RequestPath):
             cands = self.table.candidates(role, ctx.model)
         if not cands:
             return None
-        policy = self.prefill_policy if role is Role.PREFILL else self.decode_policy
+        policy = self.prefill_policy if role is PREFILL else self.decode_policy
         obs = ctx.obs
-        if role is Role.PREFILL:
+        if role is PREFILL:
             if policy.uses_prefix and ctx.info.block_hashes is None:
                 self.prepare(ctx, policy)
             # the whole prompt unless the policy knows P's cached prefix (kv_affinity sets
@@ -382,16 +383,16 @@ class PdPath(RequestPath):
         table = self.table
 
         def both() -> tuple[list[EndpointState], list[EndpointState]] | None:
-            ds = table.with_room(table.candidates(Role.DECODE, model))
+            ds = table.with_room(table.candidates(DECODE, model))
             if ds is None:
                 return None
-            ps = table.with_room(table.candidates(Role.PREFILL, model))
+            ps = table.with_room(table.candidates(PREFILL, model))
             if ps is None and not local:
                 return None
             return ps or [], ds
 
         if not table.gated:
-            return table.candidates(Role.PREFILL, model), table.candidates(Role.DECODE, model)
+            return table.candidates(PREFILL, model), table.candidates(DECODE, model)
         got = both() if not table.slots.queued else None
         if got is not None:
             return got
@@ -472,8 +473,8 @@ class PdPath(RequestPath):
                 ep = plan.p
                 work = plan.p_uncached
             elif ep is None or attempt:
-                ep = self.pick(Role.PREFILL, ctx, exclude,
-                               await self.room(Role.PREFILL, ctx.model))
+                ep = self.pick(PREFILL, ctx, exclude,
+                               await self.room(PREFILL, ctx.model))
                 work = ctx.info.prefill_tokens
                 plan = None
             if ep is None:
@@ -552,7 +553,7 @@ class PdPath(RequestPath):
                 ep = plan.d
             else:
                 # a local leg's plain body may go to any decode instance on a retry
-                ep = self._pick_decode(ctx, exclude, await self.room(Role.DECODE, ctx.model))
+                ep = self._pick_decode(ctx, exclude, await self.room(DECODE, ctx.model))
                 plan = None
             if ep is None:
                 break
@@ -607,7 +608,7 @@ class PdPath(RequestPath):
                                   f"{self.name} (decode leg chosen {when})", plan.reason)
                 ctx.d_choice = ch
                 return ch.d if ch is not None else None
-        return self.pick(Role.DECODE, ctx, exclude, cands)
+        return self.pick(DECODE, ctx, exclude, cands)
 
     @staticmethod
     async def end_legs(*tasks: asyncio.Future[Any]) -> None:

@@ -40,8 +40,8 @@ from motor.coordinator.observe import Obs
 from motor.coordinator.policy import Policy, RequestInfo
 from motor.coordinator.recovery import (END, REFUSE, StreamRecovery, Verdict, after_leg,
                                         continuable, inject_token_ids, retryable_status)
-from motor.coordinator.routing.base import (ANSWERED, JSON, Headers, Parsed, RequestPath, Route,
-                                            Settings,
+from motor.coordinator.routing.base import (ANSWERED, JSON, UNION, Headers, Parsed, RequestPath,
+                                            Route, Settings,
                                             SseFeed,
                                             engine_error_body, failure_text, note_status,
                                             parse_request, read_whole, relay_sse, settle_leg,
@@ -60,7 +60,7 @@ class Load:
 
     __slots__ = ("tokens", "decode_tokens", "role")
 
-    def __init__(self, tokens: int, decode_tokens: int, role: Role = Role.UNION) -> None:
+    def __init__(self, tokens: int, decode_tokens: int, role: Role = UNION) -> None:
         self.tokens = tokens
         self.decode_tokens = decode_tokens
         self.role = role
@@ -176,7 +176,7 @@ class UnionPath(RequestPath):
             p = parse_request(self.s, route, req, resp)
             if p is None:
                 return ANSWERED
-        candidates = self.table.candidates(Role.UNION, p.model)
+        candidates = self.table.candidates(UNION, p.model)
         if not candidates:
             self.no_candidates(route, resp, p)
             return ANSWERED
