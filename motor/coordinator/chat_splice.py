@@ -19,7 +19,8 @@ a truth test, an index, a macro, a filter block, the messages passed whole to ``
 makes the template not splice-safe, and it is rendered whole as before.
 
 :class:`SpliceCache` keeps, per message structure, the placeholder render cut at the
-placeholders (checked at fill against a second render with placeholders of other lengths).
+placeholders (checked at fill against a second render with placeholders of other lengths),
+and once :meth:`SpliceCache.plan` asks for it, each segment's added-token split.
 """
 from __future__ import annotations
 
@@ -240,6 +241,23 @@ def _placeholder(i: int, variant: int) -> str:
 _Cut = tuple[tuple[str, ...], tuple[int, ...]]
 _MISSING: Any = object()
 
+
+class _Shape:
+    """What :class:`SpliceCache` keeps of a message structure: its placeholder render
+    ``cut`` (``None``: rendered whole), and for :meth:`SpliceCache.plan`, filled on its
+    first call: ``splits``, each segment's added-token split (``None``: not spliceable;
+    ``_MISSING``: not made yet), ``idx``, the cut's message indices, and ``memo``, the
+    last plan's pieces with a content (:func:`motor._fast.splice.plan_of`)."""
+
+    __slots__ = ("cut", "splits", "idx", "memo")
+
+    def __init__(self, cut: _Cut | None) -> None:
+        self.cut = cut
+        self.splits: tuple[tuple[str | int, ...], ...] | None = _MISSING
+        self.idx: tuple[int, ...] = ()
+        self.memo: list[str] = []
+
+
 _CUT = (re.compile("\x00([0-9]+)\x00"), re.compile("\x00([0-9]+):\x00"))
 
 
@@ -267,13 +285,9 @@ class SpliceCache:
 
     def __init__(self, max_shapes: int = SPLICE_MAX_SHAPES) -> None:
         self.max_shapes = max_shapes
-        #: structure -> cut placeholder render (None: rendered whole); the oldest filled
-        #: goes first when full (no reordering on a hit: structures are few and stable)
-        self._shapes: dict[tuple[object, ...], _Cut | None] = {}
-        #: structure -> each segment's added-token split, the cut's indices and the last
-        #: plan's pieces with a content (:meth:`plan`; None: not spliceable), bounded alike
-        self._plans: dict[tuple[object, ...], tuple[tuple[tuple[str | int, ...], ...],
-                                                    tuple[int, ...], list[str]] | None] = {}
+        #: structure -> what is kept of it (:class:`_Shape`); the oldest filled goes first
+        #: when full (no reordering on a hit: structures are few and stable)
+        self._shapes: dict[tuple[object, ...], _Shape] = {}
         self.hits = 0
         self.misses = 0
 
@@ -286,7 +300,7 @@ class SpliceCache:
         if got is None:
             return None
         key, contents = got
-        cut = self._cut_of(key, messages, render_whole)
+        cut = self._shape(key, messages, render_whole).cut
         if cut is None:
             return None                         # this structure does not cut cleanly
         segs, idx = cut
@@ -308,29 +322,32 @@ class SpliceCache:
         if got is None:
             return None
         key, contents = got
-        sp = self._plans.get(key, _MISSING)
-        if sp is _MISSING:
-            cut = self._cut_of(key, messages, render_whole)
-            sp = None if cut is None else (tuple(tuple(split(s)) for s in cut[0]), cut[1], [])
-            self._plans[key] = sp
-            if len(self._plans) > self.max_shapes:
-                del self._plans[next(iter(self._plans))]
-        if sp is None:
+        sh = self._shapes.get(key)
+        if sh is None or (splits := sh.splits) is _MISSING:
+            sh = self._shape(key, messages, render_whole)
+            cut = sh.cut
+            if cut is None:
+                splits = None
+            else:
+                splits = tuple(tuple(split(s)) for s in cut[0])
+                sh.idx = cut[1]
+            sh.splits = splits
+        if splits is None:
             return None
-        return plan_of(sp[0], sp[1], contents, prefix, sp[2])
+        return plan_of(splits, sh.idx, contents, prefix, sh.memo)
 
-    def _cut_of(self, key: tuple[object, ...], messages: list[Any],
-                render_whole: Callable[[list[dict[str, Any]], object], str]) -> _Cut | None:
-        cut = self._shapes.get(key, _MISSING)
-        if cut is _MISSING:
+    def _shape(self, key: tuple[object, ...], messages: list[Any],
+               render_whole: Callable[[list[dict[str, Any]], object], str]) -> _Shape:
+        """The structure's entry (made on a miss); ``hits`` / ``misses`` counted."""
+        sh = self._shapes.get(key)
+        if sh is None:
             self.misses += 1
             return self._fill(key, messages, render_whole)
         self.hits += 1
-        return cut  # type: ignore[no-any-return]
+        return sh
 
     def _fill(self, key: tuple[object, ...], messages: list[Any],
-              render_whole: Callable[[list[dict[str, Any]], object], str]
-              ) -> _Cut | None:
+              render_whole: Callable[[list[dict[str, Any]], object], str]) -> _Shape:
         cuts: list[_Cut | None] = []
         for variant in (0, 1):
             ph = []
@@ -344,11 +361,11 @@ class SpliceCache:
                 cuts = [None, None]
                 break
             cuts.append(_cut(text, variant))
-        cut = cuts[0] if cuts[0] is not None and cuts[0] == cuts[1] else None
-        self._shapes[key] = cut
+        sh = _Shape(cuts[0] if cuts[0] is not None and cuts[0] == cuts[1] else None)
+        self._shapes[key] = sh
         if len(self._shapes) > self.max_shapes:
             del self._shapes[next(iter(self._shapes))]
-        return cut
+        return sh
 
 
 __all__ = ["SPLICE_MAX_SHAPES", "SpliceCache", "splice_safe"]

@@ -234,32 +234,37 @@ class RoutingTokenizer:
         for m in messages:      # (a loop: all() over a generator costs more)
             if not isinstance(m, dict):
                 raise TokenizeError("messages is expected to be a list of objects")
-        add_gen = body.get("add_generation_prompt", True)
         cont = bool(body.get("continue_final_message", False))
-        if self._template is None and self._tok is None:
+        if self._template is None:
+            if self._tok is not None:
+                raise TokenizeError(f"tokenizer {self.source!r} has no chat_template")
             try:
-                return chat_tokenizer.render_chat(messages, add_generation_prompt=bool(add_gen),
-                                                  continue_final_message=cont)
+                return chat_tokenizer.render_chat(
+                    messages, add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                    continue_final_message=cont)
             except ValueError as e:
                 raise TokenizeError(str(e)) from None
-        if self._template is None:
-            raise TokenizeError(f"tokenizer {self.source!r} has no chat_template")
-        kwargs: dict[str, Any] = {}
-        extra = body.get("chat_template_kwargs")
-        if isinstance(extra, dict):
-            kwargs.update(extra)
-        for k in ("tools", "documents"):
-            if body.get(k) is not None:
-                kwargs[k] = body[k]
-        spliced = None if kwargs or self._splice is None else \
-            self._splice.render(messages, bool(add_gen) and not cont, self._render_messages)
+        sp = self._splice
+        flags = None if sp is None else self._splice_flags(body, cont)
+        spliced = None if flags is None or sp is None else \
+            sp.render(messages, flags, self._render_messages)
         try:
-            text: str = spliced if spliced is not None else self._template.render(
-                messages=messages, add_generation_prompt=bool(add_gen) and not cont,
-                bos_token=self._bos or "", eos_token=self._eos or "", **kwargs) if kwargs \
-                else self._template.render(messages=messages,
-                                           add_generation_prompt=bool(add_gen) and not cont,
-                                           bos_token=self._bos or "", eos_token=self._eos or "")
+            if spliced is not None:
+                text = spliced
+            else:
+                # the template's other inputs (what _splice_flags finds none of to splice)
+                kwargs: dict[str, Any] = {}
+                extra = body.get("chat_template_kwargs")
+                if isinstance(extra, dict):
+                    kwargs.update(extra)
+                for k in ("tools", "documents"):
+                    if body.get(k) is not None:
+                        kwargs[k] = body[k]
+                text = self._template.render(
+                    messages=messages,
+                    add_generation_prompt=bool(body.get("add_generation_prompt", True))
+                    and not cont, bos_token=self._bos or "", eos_token=self._eos or "",
+                    **kwargs)
         except TokenizeError:
             raise
         except Exception as e:  # noqa: BLE001 - a template error is the request's problem
@@ -272,11 +277,27 @@ class RoutingTokenizer:
                 text = text[: cut + len(last)]
         return text
 
+    def _splice_flags(self, body: dict[str, Any], cont: bool) -> bool | None:
+        """When the splice cache may render a chat body (:meth:`render_chat`,
+        :meth:`plan_chat`: the one rule of both): the flag it renders the template with
+        and keys the message structure on (``add_generation_prompt``, false where
+        ``continue_final_message`` is: ``cont``, as the caller read it), or ``None`` when
+        the template gets other inputs (``tools``, ``documents``, a non-empty dict of
+        ``chat_template_kwargs``; one that is not a dict is ignored, as by the whole
+        render): then the chat is rendered whole."""
+        if body.get("tools") is not None or body.get("documents") is not None:
+            return None
+        extra = body.get("chat_template_kwargs")
+        if extra is not None and isinstance(extra, dict) and extra:
+            return None
+        return not cont and bool(body.get("add_generation_prompt", True))
+
     def plan_chat(self, body: dict[str, Any]) -> tuple[str | None, list[str | int] | None]:
         """(text, plan) of a chat body: :meth:`render_chat` and :meth:`chat_plan`, or, for a
-        chat the splice cache renders (:mod:`motor.coordinator.chat_splice`) and whose
-        contents hold none of the added tokens' common prefix, the plan alone (text
-        ``None``) from the structure's segments split once
+        chat the splice cache renders (:mod:`motor.coordinator.chat_splice`;
+        :meth:`_splice_flags`), not continued (``continue_final_message``: its text is cut
+        after the final content), and whose contents hold none of the added tokens' common
+        prefix, the plan alone (text ``None``) from the structure's segments split once
         (:meth:`~motor.coordinator.chat_splice.SpliceCache.plan`): neither the text nor
         its scan is made.
 
@@ -286,15 +307,15 @@ class RoutingTokenizer:
             as :meth:`render_chat`.
         """
         sp = self._splice
-        pre = self._split_fast[0]
-        messages = body.get("messages")
-        if sp is not None and self._splice_plans and type(messages) is list \
-                and not body.get("continue_final_message") and body.get("tools") is None \
-                and body.get("documents") is None and not body.get("chat_template_kwargs"):
-            plan = sp.plan(messages, bool(body.get("add_generation_prompt", True)),
-                           self._render_messages, self._split_segment, pre)
-            if plan is not None:
-                return None, plan
+        if sp is not None and self._splice_plans:
+            messages = body.get("messages")
+            if type(messages) is list and not body.get("continue_final_message"):
+                flags = self._splice_flags(body, False)
+                if flags is not None:
+                    plan = sp.plan(messages, flags, self._render_messages,
+                                   self._split_segment, self._split_fast[0])
+                    if plan is not None:
+                        return None, plan
         text = self.render_chat(body)
         return text, self.chat_plan(text)
 
@@ -392,8 +413,8 @@ class RoutingTokenizer:
             out += got
         return out
 
-    def plan_key(self, plan: list[str | int], block_size: int,
-                 salt: int = 0) -> tuple[int, npt.NDArray[np.uint64]]:
+    def plan_key(self, plan: list[str | int], block_size: int, salt: int = 0,
+                 cut: int | None = None) -> tuple[int, npt.NDArray[np.uint64]]:
         """(token count, block hashes) of a :meth:`chat_plan`: the same as
         ``block_hashes(self.assemble(plan), block_size, 0, salt)``, without assembling or
         hashing again the leading elements seen before.
@@ -402,13 +423,17 @@ class RoutingTokenizer:
         prompt, earlier turns: before the new user turn); the hash chain's state after that
         prefix (its full blocks' hashes and the ids of its last partial block) is kept in
         :attr:`prefixes`, and only the rest is assembled and hashed, from the prefix's last
-        hash on (``block_hashes``' ``parent``)."""
-        pieces = self.pieces._d
-        cut = len(plan)
-        for i, p in enumerate(plan):
-            if type(p) is str and p not in pieces:
-                cut = i
-                break
+        hash on (``block_hashes``' ``parent``). ``cut``: that piece's index (``len(plan)``:
+        none) when the caller found it with :attr:`pieces` as they are now
+        (:meth:`Tokenizers.warm`), ``None``: found here. (Any cut gives the same result:
+        it only decides which prefix is kept.)"""
+        if cut is None:
+            pieces = self.pieces._d
+            cut = len(plan)
+            for i, p in enumerate(plan):
+                if type(p) is str and p not in pieces:
+                    cut = i
+                    break
         if not cut:
             ids = self.assemble(plan)
             return len(ids), block_hashes(ids, block_size, 0, salt)
@@ -705,12 +730,14 @@ class Tokenizers:
         self.off_loop_threads = off_loop_threads
         self._pool: ThreadPoolExecutor | None = None
         #: what :meth:`warm` computed for a body it did not hand to the pool: (body, route,
-        #: tokenizer, cache key, completion prompt, rendered chat text, its plan), for the
-        #: :meth:`token_ids` of the same body that follows (one key and one jinja render a
-        #: request, not two); the body is compared by identity
+        #: tokenizer, cache key, completion prompt, rendered chat text, its plan, the index
+        #: of the plan's first text piece not in the piece cache), for the :meth:`block_key`
+        #: or :meth:`token_ids` of the same body that follows (one key, one jinja render and
+        #: one scan of the plan a request, not two); the body is compared by identity. The
+        #: piece cache is the same then: nothing went to the pool
         self._rendered: tuple[dict[str, Any], str, RoutingTokenizer, object,
                               str | list[int] | None, str | None,
-                              list[str | int] | None] | None = None
+                              list[str | int] | None, int | None] | None = None
 
     def get(self, model: str | None) -> RoutingTokenizer:
         src = self.mapping.get(model or "", self.mapping.get("*", BUILTIN))
@@ -732,17 +759,18 @@ class Tokenizers:
 
     def _take(self, route: str, body: dict[str, Any]
               ) -> tuple[RoutingTokenizer, object, str | list[int] | None, str | None,
-                         list[str | int] | None]:
-        """(tokenizer, cache key, completion prompt, rendered chat text, its plan) of a
-        body: what :meth:`warm` computed when it saw this very body just before (taken
-        once), else the tokenizer and key (text and plan ``None``: not rendered yet)."""
+                         list[str | int] | None, int | None]:
+        """(tokenizer, cache key, completion prompt, rendered chat text, its plan, the
+        plan's cut for :meth:`RoutingTokenizer.plan_key`) of a body: what :meth:`warm`
+        computed when it saw this very body just before (taken once), else the tokenizer
+        and key (text, plan and cut ``None``: not rendered yet)."""
         r = self._rendered
         self._rendered = None
         if r is not None and r[0] is body and r[1] == route:   # warm() saw it just before
-            return r[2], r[3], r[4], r[5], r[6]
+            return r[2], r[3], r[4], r[5], r[6], r[7]
         tok = self.get(body.get("model"))
         key, prompt = self._key(tok, route, body)
-        return tok, key, prompt, None, None
+        return tok, key, prompt, None, None, None
 
     def token_ids(self, route: str, body: dict[str, Any]) -> list[int]:
         """Token ids of a request body; ``route`` is ``chat`` or ``completions``. The list
@@ -753,7 +781,7 @@ class Tokenizers:
         TokenizeError
             when the body cannot be tokenized (the engine will judge the request).
         """
-        tok, key, prompt, text, plan = self._take(route, body)
+        tok, key, prompt, text, plan, _ = self._take(route, body)
         if key is None and prompt is None and tok.cuts_chats:
             key = _chat_key(tok.source, body)       # whole id lists: a key of their own
         if key is None:
@@ -787,7 +815,7 @@ class Tokenizers:
         TokenizeError
             when the body cannot be tokenized (the engine will judge the request).
         """
-        tok, key, prompt, text, plan = self._take(route, body)
+        tok, key, prompt, text, plan, cut = self._take(route, body)
         keys = self.keys
         if key is not None:
             got = keys.get(key)
@@ -805,7 +833,7 @@ class Tokenizers:
                 if text is None and plan is None:
                     text, plan = tok.plan_chat(body)
                 if plan is not None:
-                    res = tok.plan_key(plan, block_size, salt)
+                    res = tok.plan_key(plan, block_size, salt, cut)
                 else:
                     assert text is not None         # plan_chat gives one of them
                     ids = tok.encode_chat(text, None)
@@ -844,7 +872,7 @@ class Tokenizers:
             if key is None and not (prompt is None and tok.cuts_chats):
                 return None     # a token-id prompt, a chat whose key cannot be made
             if key is not None and (key in self.keys or key in self.ids._d):
-                self._rendered = (body, route, tok, key, prompt, None, None)
+                self._rendered = (body, route, tok, key, prompt, None, None, None)
                 return None
             plan = None
             text: str | None
@@ -858,15 +886,19 @@ class Tokenizers:
         if plan is not None:
             pieces = tok.pieces._d
             new_chars = 0
-            for p in plan:
+            cut = -1        # the first text piece not cached (plan_key's cut)
+            for i, p in enumerate(plan):
                 if type(p) is str and p not in pieces:
                     new_chars += len(p)
+                    if cut < 0:
+                        cut = i
             if new_chars < self.off_loop_min_chars:
-                self._rendered = (body, route, tok, key, None, text, plan)
+                self._rendered = (body, route, tok, key, None, text, plan,
+                                  cut if cut >= 0 else len(plan))
                 return None
         elif text is None or len(text) < self.off_loop_min_chars:
             self._rendered = (body, route, tok, key, prompt, text if prompt is None else None,
-                              None)
+                              None, None)
             return None
         loop = asyncio.get_running_loop()
         ids_cache = self.ids

@@ -242,3 +242,95 @@ def test_token_sets_the_segments_split_cannot_stand_for_are_split_whole(tmp_path
     text = tok.render_chat(body)
     assert tok.plan_chat(body) == (text, tok.chat_plan(text))
     assert tok.chat_ids(body) == tok._tok.encode(text, add_special_tokens=False).ids
+
+
+_FLAG_BODIES = [
+    {},
+    {"add_generation_prompt": False},
+    {"add_generation_prompt": None},
+    {"continue_final_message": True, "add_generation_prompt": False},
+    {"tools": [{"type": "function"}]},
+    {"documents": [{"title": "d", "text": "t"}]},
+    {"tools": None, "documents": None},
+    {"chat_template_kwargs": {"enable_thinking": False}},
+    {"chat_template_kwargs": {}},
+    {"chat_template_kwargs": "not a dict"},
+    {"chat_template_kwargs": ["a", "list"]},
+    {"chat_template_kwargs": 1},
+    {"chat_template_kwargs": None},
+]
+
+
+@pytest.mark.parametrize("extra", _FLAG_BODIES, ids=[json.dumps(b) for b in _FLAG_BODIES])
+def test_render_chat_and_plan_chat_splice_by_one_rule(model_dir: Path, extra: dict) -> None:
+    tok = RoutingTokenizer(str(model_dir))
+    assert tok._splice is not None and tok._splice_plans
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a question"},
+            {"role": "assistant", "content": "The answer"}]
+    body = {"messages": msgs, **extra}
+    cache = tok._splice
+    seen = cache.hits + cache.misses
+    text = tok.render_chat(body)
+    spliced = cache.hits + cache.misses > seen          # render_chat used the splice cache
+    kwargs = extra.get("chat_template_kwargs")
+    whole = bool(extra.get("tools") or extra.get("documents")
+                 or (isinstance(kwargs, dict) and kwargs))
+    assert spliced == (not whole)       # a chat_template_kwargs that is not a dict: ignored
+    got_text, plan = tok.plan_chat(body)
+    assert plan == tok.chat_plan(text)
+    assert tok.assemble(plan) == tok._tok.encode(text, add_special_tokens=False).ids
+    # the plan comes from the splice exactly where render_chat splices, unless the text must
+    # be cut after the final message (continue_final_message)
+    cont = bool(extra.get("continue_final_message"))
+    assert (got_text is None) == (spliced and not cont)
+    assert got_text in (None, text)
+
+
+def test_a_chat_template_kwargs_that_is_not_a_dict_is_ignored(model_dir: Path) -> None:
+    tok = RoutingTokenizer(str(model_dir))
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    want = tok.render_chat({"messages": msgs})
+    for kwargs in ("enable_thinking", ["x"], 3, True):
+        body = {"messages": msgs, "chat_template_kwargs": kwargs}
+        assert tok.render_chat(body) == want
+        text, plan = tok.plan_chat(body)
+        assert text is None and plan is not None        # spliced, as render_chat
+        assert tok.assemble(plan) == tok.encode(want)
+        assert tok.chat_ids(body) == tok._tok.encode(want, add_special_tokens=False).ids
+
+
+def test_a_structures_cut_and_plan_are_one_entry_bounded_alike(model_dir: Path) -> None:
+    tok = RoutingTokenizer(str(model_dir))
+    whole, split, pre = tok._render_messages, tok._split_segment, tok._split_fast[0]
+    roles = (["user"], ["system", "user"], ["user", "assistant", "user"])
+
+    def chat(k: int, text: str) -> list:
+        return [{"role": r, "content": f"{text} {i}"} for i, r in enumerate(roles[k])]
+
+    def want(msgs: list) -> list:
+        return tok.chat_plan(whole(msgs, True))
+
+    cache = SpliceCache(max_shapes=2)
+    assert cache.plan(chat(0, "a"), True, whole, split, pre) == want(chat(0, "a"))
+    assert (cache.misses, cache.hits, len(cache)) == (1, 0, 1)
+    assert cache.render(chat(0, "b"), True, whole) == whole(chat(0, "b"), True)
+    assert (cache.misses, cache.hits, len(cache)) == (1, 1, 1)     # the same entry
+    assert cache.render(chat(1, "c"), True, whole) == whole(chat(1, "c"), True)
+    assert cache.plan(chat(1, "d"), True, whole, split, pre) == want(chat(1, "d"))
+    assert (cache.misses, cache.hits, len(cache)) == (2, 2, 2)     # its split made on a hit
+    assert cache.plan(chat(1, "e"), True, whole, split, pre) == want(chat(1, "e"))
+    assert (cache.misses, cache.hits) == (2, 2)                    # kept: no lookup counted
+    assert cache.plan(chat(2, "f"), True, whole, split, pre) == want(chat(2, "f"))
+    assert (cache.misses, len(cache)) == (3, 2)                    # the oldest went, whole
+    assert cache.plan(chat(0, "g"), True, whole, split, pre) == want(chat(0, "g"))
+    assert (cache.misses, len(cache)) == (4, 2)
+    one = SpliceCache(max_shapes=1)     # a structure's split goes with its cut
+    one.plan(chat(0, "a"), True, whole, split, pre)
+    one.render(chat(1, "b"), True, whole)
+    assert one.plan(chat(0, "c"), True, whole, split, pre) == want(chat(0, "c"))
+    assert (one.misses, one.hits, len(one)) == (3, 0, 1)
+    none = SpliceCache(max_shapes=0)                               # nothing kept
+    for text in ("h", "i"):
+        assert none.plan(chat(2, text), True, whole, split, pre) == want(chat(2, text))
+        assert none.render(chat(2, text), False, whole) == whole(chat(2, text), False)
+    assert (none.misses, none.hits, len(none)) == (4, 0, 0)

@@ -381,3 +381,78 @@ def test_an_explicit_null_flag_is_keyed_as_the_template_reads_it(model_dir: str)
             for b in order * 2:
                 assert toks.token_ids("chat", b) == want[id(b)]
                 assert toks.block_key("chat", b, 4)[0] == len(want[id(b)])
+
+
+def test_block_key_after_warm_is_block_key_alone(model_dir: str, bpe_dir: str) -> None:
+    """warm keeps where its plan's first piece not cached is; block_key's plan_key cuts
+    there: the same key and the same prefixes kept as without warm (a wrong cut gives the
+    same key but keeps another prefix)."""
+    sysp = "You are a helpful assistant. " * 4
+    turns = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "1"},
+             {"role": "user", "content": "two"}]
+
+    def body(n: int, **extra: object) -> dict:
+        return {"model": "m", "messages": [{"role": "system", "content": sysp}, *turns[:n]],
+                **extra}
+
+    # new pieces (the first: all), a new turn, then every piece cached (twice: the third
+    # time the whole plan is a prefix), a longer chat, another flag
+    for src in (model_dir, bpe_dir):
+        _check_warm_then_block_key(src, [body(1), body(3), body(3), body(3), body(2), body(3),
+                                         body(3, add_generation_prompt=False)])
+
+
+def _check_warm_then_block_key(src: str, bodies: list[dict]) -> None:
+    warmed, alone = Tokenizers({"*": src}), Tokenizers({"*": src})
+    tok = warmed.get("m")
+    cuts: list[tuple[int | None, int]] = []
+    plan_key = tok.plan_key
+
+    def spy(plan: list, bs: int, salt: int = 0, cut: int | None = None) -> tuple:
+        pieces = tok.pieces._d
+        first = next((i for i, p in enumerate(plan)
+                      if type(p) is str and p not in pieces), len(plan))
+        cuts.append((cut, first))
+        return plan_key(plan, bs, salt, cut)
+    tok.plan_key = spy  # type: ignore[method-assign]
+    for b in bodies:
+        assert warmed.warm("chat", b) is None           # short: kept for block_key
+        n, h = warmed.block_key("chat", b, 4, 7)
+        n0, h0 = alone.block_key("chat", b, 4, 7)
+        assert n == n0 and list(h) == list(h0)
+        assert list(tok.prefixes) == list(alone.get("m").prefixes)
+    assert [c for c, _ in cuts] == [f for _, f in cuts]     # warm's cut, and right
+    got = [f for _, f in cuts]
+    assert got[0] == 1 and 1 < got[1] < got[2] == got[3]    # all new; a new turn; none
+
+
+def test_block_key_after_warm_sent_pieces_to_the_pool_cuts_again(model_dir: str) -> None:
+    toks = Tokenizers({"*": model_dir}, off_loop_min_chars=100)
+    alone = Tokenizers({"*": model_dir})           # no warm
+    tok = toks.get("m")
+    cuts: list[int | None] = []
+    plan_key = tok.plan_key
+
+    def spy(plan: list, bs: int, salt: int = 0, cut: int | None = None) -> tuple:
+        cuts.append(cut)
+        return plan_key(plan, bs, salt, cut)
+    tok.plan_key = spy  # type: ignore[method-assign]
+
+    async def run() -> None:
+        for q in ("x y z " * 40, "w " * 80):
+            b = chat(q)
+            fut = toks.warm("chat", b)
+            assert fut is not None and toks._rendered is None   # nothing kept: cut again
+            await fut
+            n, h = toks.block_key("chat", b, 16)
+            n0, h0 = alone.block_key("chat", b, 16)
+            assert n == n0 and list(h) == list(h0)
+            # the pool's pieces landed: the cut is after them all (a cut kept from
+            # before the pool would be before the new turn)
+            plan = tok.chat_plan(tok.render_chat(b))
+            assert tuple(tok.prefixes)[-1][2:] == tuple(plan)
+    try:
+        asyncio.run(run())
+    finally:
+        toks.close()
+    assert cuts == [None, None]
