@@ -5,7 +5,8 @@ Measured: ``KvAffinity.pick`` (the match of 2048 blocks in the approximate index
 16 of 64 endpoints, the load columns, the learned rates, the compiled argmin) for a request
 of 32768 prompt tokens, with ``coordinator.kv.cost: time`` (``pick_ttft``) and ``tokens``
 (``pick``), with and without a session whose last endpoint is the 61st candidate
-(``coordinator.kv.session``: its table lookup and candidate scan), and the compiled
+(``coordinator.kv.session``: its table lookup and candidate scan), the compiled decision
+``pick`` runs under ``cost: tokens`` alone (``motor._fast.kvpick.TokenPick``) and the compiled
 scorers alone. Per call (pedantic, 1 iteration per round), so
 ``extra_info["p99_us"]`` is a per-call percentile.
 
@@ -88,4 +89,24 @@ def test_pick_ttft(benchmark, percentiles):
                                                      running, rates, None, 8192.0, 7),
                                  rounds=3000, iterations=1, warmup_rounds=100)
     assert 0 <= best < N
+    percentiles()
+
+
+@pytest.mark.parametrize("session", [False, True], ids=["no-session", "session"])
+def test_token_pick(benchmark, percentiles, idle_pool, session):
+    """The compiled decision ``KvAffinity.pick`` runs under ``cost: tokens``
+    (:class:`motor._fast.kvpick.TokenPick`: match, gather, score) alone."""
+    benchmark.group = f"kvpick[tokens={PROMPT_TOKENS},endpoints={N}]"
+    policy, eps, info = kv_case(idle_pool, "tokens", session)
+    tp = policy._token_pick
+    assert tp is not None
+    r = policy.router
+    policy.pick(eps, info)              # every endpoint gets its slot
+    exact, approx = r.indexes("m")
+    last = policy._session_last(info)
+    got = benchmark.pedantic(tp.pick, (eps, r.slot_map, info.block_hashes, exact, approx,
+                                       PROMPT_TOKENS, 0, -1, last, 1024.0, None),
+                             rounds=3000, iterations=1, warmup_rounds=100)
+    assert got is not None and 0 <= got[0] < N
+    assert (got[5] == 60) == session     # the session's endpoint is found by its key
     percentiles()
