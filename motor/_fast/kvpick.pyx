@@ -157,8 +157,9 @@ cdef class TokenPick:
             :func:`motor._fast.columns.gather`'s).
         slot_of : dict[str, int]
             Endpoint key -> KV index slot (0 .. 255).
-        hashes : numpy.ndarray of uint64, shape (n,), C-contiguous, or None
-            The request's block hashes (None or empty: nothing is cached anywhere).
+        hashes : numpy.ndarray of uint64, shape (n,), or None
+            The request's block hashes (None or empty: nothing is cached anywhere; a
+            strided array is copied).
         exact, approx : PrefixIndex or None
             The indexes to match (a candidate's blocks are the tier-wise larger count).
         prompt_tokens : int
@@ -210,9 +211,10 @@ cdef class TokenPick:
             ha = <cnp.ndarray>hashes
             if cnp.PyArray_TYPE(ha) != cnp.NPY_UINT64:
                 raise TypeError(f"hashes is expected to have dtype uint64, got {hashes.dtype}")
-            if cnp.PyArray_NDIM(ha) != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(ha):
-                raise ValueError(f"hashes is expected to be 1-D and C-contiguous, "
-                                 f"got shape {hashes.shape}")
+            if cnp.PyArray_NDIM(ha) != 1:
+                raise ValueError(f"hashes is expected to be 1-D, got shape {hashes.shape}")
+            if not cnp.PyArray_IS_C_CONTIGUOUS(ha):
+                ha = cnp.PyArray_GETCONTIGUOUS(ha)      # a strided view: copied
             n = cnp.PyArray_DIM(ha, 0)
             h = <const uint64_t *>cnp.PyArray_DATA(ha)
         if k == 0:

@@ -108,6 +108,15 @@ def test_a_stale_row_of_another_index_is_not_read() -> None:
     assert tp.pick(cands, slots, h, None, narrow, 48, 0)[:5] == (1, 32.0, 1, 0, 0)
 
 
+def test_a_strided_key_is_matched_as_its_copy() -> None:
+    idx = PrefixIndex(256)
+    h = np.arange(1, 21, dtype=np.uint64)
+    idx.store(5, 1, 0, h[::2], 1.0)
+    tp = TokenPick(BS, CREDIT)
+    got = tp.pick([Ep("a"), Ep("b")], {"a": 4, "b": 5}, h[::2], idx, None, 200, 0)
+    assert got[0] == 1 and got[2:5] == (0, 10, 0)
+
+
 def test_missing_slot_and_no_candidates() -> None:
     tp = TokenPick(BS, CREDIT)
     assert tp.pick([Ep("a"), Ep("new")], {"a": 0}, None, None, None, 10, 0) is None
@@ -122,6 +131,8 @@ def test_bad_inputs_are_named() -> None:
         tp.pick(eps, slots, np.zeros(2, np.int64), None, None, 1, 0)
     with pytest.raises(TypeError, match="numpy uint64 array"):
         tp.pick(eps, slots, [1, 2], None, None, 1, 0)
+    with pytest.raises(ValueError, match=r"hashes is expected to be 1-D, got shape \(1, 2\)"):
+        tp.pick(eps, slots, np.ones((1, 2), np.uint64), None, None, 1, 0)
     with pytest.raises(ValueError, match="prompt_tokens is expected to be >= 0, got -1"):
         tp.pick(eps, slots, None, None, None, -1, 0)
     with pytest.raises(ValueError, match="slot of candidate 0 is expected to be in 0..255, "
