@@ -26,24 +26,10 @@ cimport numpy as cnp
 
 from motor._fast.columns cimport gather_ptr
 from motor._fast.radix cimport PrefixIndex, RADIX_MAX_INSTANCES
-from motor._fast.scoring cimport SCORING_N_TIERS, ScoreInputs, ScoreParams, score_ptr
+from motor._fast.scoring cimport (SCORING_N_TIERS, ScoreInputs, ScoreParams, f64_column,
+                                   score_ptr)
 
 cnp.import_array()
-
-
-cdef inline const double *_column(object arr, Py_ssize_t k, str name) except NULL:
-    cdef cnp.ndarray a
-    if not isinstance(arr, cnp.ndarray):
-        raise TypeError(f"{name} is expected to be a numpy float64 array, "
-                        f"got {type(arr).__name__}")
-    a = <cnp.ndarray>arr
-    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64:
-        raise TypeError(f"{name} is expected to have dtype float64, got {arr.dtype}")
-    if (cnp.PyArray_NDIM(a) != 1 or cnp.PyArray_DIM(a, 0) != k
-            or not cnp.PyArray_IS_C_CONTIGUOUS(a)):
-        raise ValueError(f"{name} is expected to be C-contiguous of shape ({k},), "
-                         f"got shape {arr.shape}")
-    return <const double *>cnp.PyArray_DATA(a)
 
 
 cdef Py_ssize_t _match(PrefixIndex index, const uint64_t *h, Py_ssize_t n,
@@ -246,9 +232,9 @@ cdef class TokenPick:
         else:
             if not isinstance(loads, tuple) or len(<tuple>loads) != 3:
                 raise TypeError("loads is expected to be a tuple of 3 float64 arrays")
-            x.prefill_tokens = _column((<tuple>loads)[0], k, "loads[0]")
-            x.decode_tokens = _column((<tuple>loads)[1], k, "loads[1]")
-            x.queue = _column((<tuple>loads)[2], k, "loads[2]")
+            x.prefill_tokens = f64_column((<tuple>loads)[0], "loads[0]", k)
+            x.decode_tokens = f64_column((<tuple>loads)[1], "loads[1]", k)
+            x.queue = f64_column((<tuple>loads)[2], "loads[2]", k)
         x.overlap = ov
         x.n = k
         x.cand32 = NULL

@@ -2,6 +2,8 @@
 """C-level API of ``motor._fast.scoring`` (see scoring.pyx)."""
 from libc.stdint cimport int32_t, int64_t
 
+cimport numpy as cnp
+
 cdef enum:
     SCORING_N_TIERS = 3
 
@@ -62,3 +64,20 @@ cdef Py_ssize_t ttft_ptr(const TtftInputs *x, Py_ssize_t start, double *ttft,
 # -1 when k == 0. Ties: lowest cost, then lowest load, then first from ``start``.
 cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t start,
                           double *costs, double *best_cost) noexcept nogil
+
+
+# The data of ``arr``, checked to be a C-contiguous float64 numpy array of shape (n,); errors
+# name it ``name`` (TypeError: not such an array or dtype; ValueError: shape or layout).
+cdef inline const double *f64_column(object arr, str name, Py_ssize_t n) except NULL:
+    cdef cnp.ndarray a
+    if not isinstance(arr, cnp.ndarray):
+        raise TypeError(f"{name} is expected to be a numpy float64 array, "
+                        f"got {type(arr).__name__}")
+    a = <cnp.ndarray>arr
+    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64:
+        raise TypeError(f"{name} is expected to have dtype float64, got {arr.dtype}")
+    if cnp.PyArray_NDIM(a) != 1 or cnp.PyArray_DIM(a, 0) != n:
+        raise ValueError(f"{name} is expected to have shape ({n},), got {arr.shape}")
+    if not cnp.PyArray_IS_C_CONTIGUOUS(a):
+        raise ValueError(f"{name} is expected to be C-contiguous")
+    return <const double *>cnp.PyArray_DATA(a)

@@ -161,21 +161,6 @@ cdef Py_ssize_t score_ptr(const ScoreParams *p, const ScoreInputs *x, Py_ssize_t
     return best
 
 
-cdef inline const double *_f64(object arr, str name, Py_ssize_t n) except NULL:
-    cdef cnp.ndarray a
-    if not isinstance(arr, cnp.ndarray):
-        raise TypeError(f"{name} is expected to be a numpy float64 array, "
-                        f"got {type(arr).__name__}")
-    a = <cnp.ndarray>arr
-    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64:
-        raise TypeError(f"{name} is expected to have dtype float64, got {arr.dtype}")
-    if cnp.PyArray_NDIM(a) != 1 or cnp.PyArray_DIM(a, 0) != n:
-        raise ValueError(f"{name} is expected to have shape ({n},), got {arr.shape}")
-    if not cnp.PyArray_IS_C_CONTIGUOUS(a):
-        raise ValueError(f"{name} is expected to be C-contiguous")
-    return <const double *>cnp.PyArray_DATA(a)
-
-
 cdef int _prepare(ScoreParams *p, ScoreInputs *x, object overlap, Py_ssize_t prompt_tokens,
                   Py_ssize_t block_size, object tier_credit, object prefill_tokens,
                   object decode_tokens, object queue, object candidates, double w_prefill,
@@ -201,11 +186,11 @@ cdef int _prepare(ScoreParams *p, ScoreInputs *x, object overlap, Py_ssize_t pro
         raise ValueError(f"overlap is expected to be C-contiguous with shape (n, 3), "
                          f"got {overlap.shape}")
     n = cnp.PyArray_DIM(ov, 0)
-    credit = _f64(tier_credit, "tier_credit", SCORING_N_TIERS)
+    credit = f64_column(tier_credit, "tier_credit", SCORING_N_TIERS)
     x.overlap = <const int32_t *>cnp.PyArray_DATA(ov)
-    x.prefill_tokens = _f64(prefill_tokens, "prefill_tokens", n)
-    x.decode_tokens = _f64(decode_tokens, "decode_tokens", n)
-    x.queue = _f64(queue, "queue", n)
+    x.prefill_tokens = f64_column(prefill_tokens, "prefill_tokens", n)
+    x.decode_tokens = f64_column(decode_tokens, "decode_tokens", n)
+    x.queue = f64_column(queue, "queue", n)
     x.n = n
     x.cand32 = NULL
     x.cand64 = NULL
@@ -430,8 +415,8 @@ cdef int _prepare_ttft(TtftInputs *x, object overlap, Py_ssize_t prompt_tokens,
         raise ValueError(f"stall_weight is expected to be >= 0, got {stall_weight}")
     if isinstance(overlap, cnp.ndarray) and cnp.PyArray_NDIM(<cnp.ndarray>overlap) == 2:
         # named checks of our own columns before the shared ones (overlap, credit, candidates)
-        _f64(queued_tokens, "queued_tokens", cnp.PyArray_DIM(<cnp.ndarray>overlap, 0))
-        _f64(running, "running", cnp.PyArray_DIM(<cnp.ndarray>overlap, 0))
+        f64_column(queued_tokens, "queued_tokens", cnp.PyArray_DIM(<cnp.ndarray>overlap, 0))
+        f64_column(running, "running", cnp.PyArray_DIM(<cnp.ndarray>overlap, 0))
     _prepare(&p, &s, overlap, prompt_tokens, block_size, tier_credit, queued_tokens,
              running, running, candidates, 0.0, 0.0, 0.0, 0.0)
     if not isinstance(rates, cnp.ndarray):

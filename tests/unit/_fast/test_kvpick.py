@@ -138,8 +138,8 @@ def test_bad_inputs_are_named() -> None:
     with pytest.raises(ValueError, match="slot of candidate 0 is expected to be in 0..255, "
                                          "got 300"):
         tp.pick(eps, {"a": 300}, None, None, None, 1, 0)
-    with pytest.raises(ValueError, match=r"loads\[1\] is expected to be C-contiguous of "
-                                         r"shape \(1,\)"):
+    with pytest.raises(ValueError, match=r"loads\[1\] is expected to have shape \(1,\), "
+                                         r"got \(2,\)"):
         tp.pick(eps, slots, None, None, None, 1, 0, loads=(np.zeros(1), np.zeros(2),
                                                            np.zeros(1)))
     with pytest.raises(TypeError, match="counter|number|float"):
