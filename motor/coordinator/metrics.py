@@ -228,12 +228,13 @@ def forget_instance(instance_id: str) -> None:
 # -- KV-aware routing (policy kv_affinity, docs/kv-routing.md) --------------------------
 KV_PROMPT_TOKENS = Counter(
     "motor_coordinator_kv_prompt_tokens_total",
-    "Prompt tokens of requests routed by kv_affinity with a routing key (the hit ratio's "
-    "denominator).", registry=REGISTRY)
+    "Prompt tokens of requests routed by kv_affinity with a routing key, at each leg's first "
+    "decision (a retry is not counted again; the hit ratio's denominator).", registry=REGISTRY)
 KV_MATCHED_TOKENS = Counter(
     "motor_coordinator_kv_matched_tokens_total",
-    "Prompt tokens found cached (any tier) on the instance chosen by kv_affinity; "
-    "prefix hit ratio = this / motor_coordinator_kv_prompt_tokens_total.", registry=REGISTRY)
+    "Prompt tokens found cached (any tier) on the instance chosen by kv_affinity at each "
+    "leg's first decision; prefix hit ratio = this / "
+    "motor_coordinator_kv_prompt_tokens_total.", registry=REGISTRY)
 KV_SESSION_ROUTES = Counter(
     "motor_coordinator_kv_session_routes_total",
     "Requests of a named session routed by kv_affinity, by outcome: kept (the endpoint that "

@@ -267,7 +267,9 @@ class Obs:
         if status is None:
             status = resp.status if resp.started else 499
         if error is not None and not resp.finished:
-            status = 499      # the client left (or the task was cancelled) before the end
+            # an exception of motor's: the server answers 500 (or cuts the started answer);
+            # a cancellation: the client left (or the task was cancelled) before the end
+            status = 500 if isinstance(error, Exception) else 499
         self.status = status
         e2e_s = time.perf_counter() - self.t0
         span = self.span

@@ -94,6 +94,11 @@ OFF_LOOP_MIN_CHARS = 4096
 OFF_LOOP_THREADS = 2
 
 
+#: the largest token id a routing key holds (ids are hashed as uint32, as the engines'
+#: block hashes take them)
+_MAX_TOKEN_ID = 0xFFFFFFFF
+
+
 class TokenizeError(ValueError):
     """The request cannot be tokenized (bad messages, template error)."""
 
@@ -479,6 +484,10 @@ class RoutingTokenizer:
         if isinstance(p, str):
             return p
         if isinstance(p, list) and all(isinstance(t, int) for t in p):
+            for t in p:     # (a loop: all() over a generator costs more)
+                if not 0 <= t <= _MAX_TOKEN_ID:
+                    raise TokenizeError(f"prompt token ids are expected to be in "
+                                        f"0..{_MAX_TOKEN_ID}, got {t}")
             return p
         raise TokenizeError("prompt is expected to be a string, a list of token ids, or a list "
                             "of either")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -152,6 +153,31 @@ def test_approximate_mode_without_events(tmp_path):
         assert all(len(v) == 1 for v in by_prefix.values()), by_prefix
         assert metric(gw, "motor_coordinator_kv_index_blocks", index="approximate") >= 40
         assert metric(gw, "motor_coordinator_kv_event_subscriptions") == 0
+
+        # a request retried on the other instance counts its prompt once in the hit ratio
+        holder = by_prefix[PREFIX].pop()
+        post(sims[holder], "/admin/fault", {"mode": "error", "status": 503, "count": 1})
+        seen = [metric(gw, f"motor_coordinator_kv_{k}_tokens_total") for k in ("prompt", "matched")]
+        before = served(sims)
+        out = complete(gw, PREFIX + "question 9?")
+        assert [a - b for a, b in zip(served(sims), before)] == \
+            [1 if i != holder else 0 for i in range(2)]      # the holder failed, the other answered
+        now = [metric(gw, f"motor_coordinator_kv_{k}_tokens_total") for k in ("prompt", "matched")]
+        assert now[0] - seen[0] == out["usage"]["prompt_tokens"]
+        assert now[1] - seen[1] >= len(PREFIX) - 16           # the first decision's match, once
+
+        # token ids no engine can have: routed on load alone, the engine judges them
+        for ids in ([-1], [2**32], [5] * 15 + [2**40]):
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{gw}/v1/completions", headers={"content-type": "application/json"},
+                data=json.dumps({"model": "motor-sim", "prompt": ids, "max_tokens": 2}).encode())
+            try:
+                urllib.request.urlopen(req, timeout=30).close()
+                raise AssertionError(f"prompt {ids} was accepted")
+            except urllib.error.HTTPError as e:
+                assert e.code == 400, (ids, e.code, e.read())
+                assert b"internal error" not in e.read()
+        assert "Traceback" not in (tmp_path / "coordinator.log").read_text()
     finally:
         for p in procs:
             stop(p)

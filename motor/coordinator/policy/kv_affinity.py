@@ -201,7 +201,9 @@ class KvAffinity(Policy):
         request.cost = cost
         left = int(prompt - bs * (c0 * o0 + c1 * o1 + c2 * o2))
         request.prefill_tokens = left if left > 0 else 0
-        if request.block_hashes is not None:
+        if request.block_hashes is not None and not exclude:
+            # once a request (leg): a retry's decision, with the tried endpoints excluded,
+            # is not counted again
             metrics.KV_PROMPT_TOKENS.inc(prompt)
             metrics.KV_MATCHED_TOKENS.inc(request.cached_tokens)
         return cands[pos]

@@ -76,6 +76,11 @@ def test_completion_prompt_forms(model_dir: str, source: str) -> None:
     assert tok.completion_ids({"prompt": [[1, 2], [3]]}) == [1, 2]
     with pytest.raises(TokenizeError):
         tok.completion_ids({"prompt": {"x": 1}})
+    assert tok.completion_ids({"prompt": [0, 2**32 - 1]}) == [0, 2**32 - 1]
+    for bad in ([-1], [1, 2**32], [[2**40, 1], [2]]):    # no engine has such ids: not a key
+        with pytest.raises(TokenizeError, match=r"prompt token ids are expected to be in "
+                                                r"0\.\.4294967295, got -?\d+"):
+            tok.completion_ids({"prompt": bad})
 
 
 def test_bad_messages_raise_tokenize_error() -> None:
