@@ -269,10 +269,15 @@ class KvRouter:
         if mode is _OFF or (mode is not _ON and self._slots.get(
                 ep.key, -1) in self.event_slots):
             return
+        s = self._slots.get(ep.key)
+        if s is None:
+            try:
+                s = self.slot(ep.key)
+            except RuntimeError:
+                return      # no slot left for it (the policy routed on load alone)
         if a is None:
             a = self._approx(group)
-        s = self._slots.get(ep.key)
-        a.insert(self.slot(ep.key) if s is None else s, hashes, self.clock())
+        a.insert(s, hashes, self.clock())
         self.update_gauges()
         if self.on_routed is not None:
             self.on_routed(ep, group, hashes)

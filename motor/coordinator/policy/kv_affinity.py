@@ -53,8 +53,9 @@ stable hash of its name (the same endpoint in every worker).
 Tie-break: lowest cost, then lowest load (time: the queued time), then rotation (equal
 candidates, e.g. with no cached prefix anywhere, spread like round robin). Excluded
 endpoints (retries) are skipped unless nothing else is left. A request that cannot be
-tokenized is routed on load alone. Each decision is logged at debug level with its terms
-and their units.
+tokenized is routed on load alone, and so is one with a candidate that has no KV slot (more
+than 256 endpoints at once: warned once). Each decision is logged at debug level with its
+terms and their units.
 """
 from __future__ import annotations
 
@@ -102,6 +103,7 @@ class KvAffinity(Policy):
         self._token_pick = None if c.cost is KvCost.TIME else TokenPick(
             c.block_size, self._credit, *self._score_cfg)
         self._next = 0
+        self._warned_slots = False
         self.time_cost = c.cost is KvCost.TIME
         t = c.ttft
         self.learn = t.learn
@@ -185,10 +187,14 @@ class KvAffinity(Policy):
             got = tp.pick(cands, r.slot_map, hashes, exact, approx, request.prompt_tokens,
                           start, alt, last, self.session_credit_tokens, loads)
             if got is None:         # an endpoint new to KV routing: give it a slot
-                for e in cands:
-                    r.slot(e.key)
-                got = tp.pick(cands, r.slot_map, hashes, exact, approx, request.prompt_tokens,
-                              start, alt, last, self.session_credit_tokens, loads)
+                if self._give_slots(cands):
+                    got = tp.pick(cands, r.slot_map, hashes, exact, approx,
+                                  request.prompt_tokens, start, alt, last,
+                                  self.session_credit_tokens, loads)
+                else:               # no slot left for it: on load alone
+                    got = tp.pick(cands, dict.fromkeys([e.key for e in cands], 0), None, None,
+                                  None, request.prompt_tokens, start, alt, last,
+                                  self.session_credit_tokens, loads)
                 assert got is not None
             pos, cost, o0, o1, o2, _ = got
         else:
@@ -220,19 +226,38 @@ class KvAffinity(Policy):
         # one worker: this process's counters; several: the shared table (load_columns)
         local = getattr(cands[0], "shared", None) is None
         slots, overlap, loads, missing, fav = gather(cands, r.slot_map, m, local, last)
+        slotted = True
         if missing:                 # an endpoint new to KV routing: give it a slot
-            for e in cands:
-                r.slot(e.key)
-            slots, overlap, loads, missing, fav = gather(cands, r.slot_map, m, local, last)
+            slotted = self._give_slots(cands)
+            slots, overlap, loads, missing, fav = gather(
+                cands, r.slot_map if slotted else dict.fromkeys([e.key for e in cands], 0),
+                m if slotted else None, local, last)    # no slot left for one: load alone
         cols = (loads[0], loads[1], loads[2]) if loads is not None else load_columns(cands)
         if fav < 0 and request.session is not None and self.sessions is not None:
             start = session_start(request.session)   # the same endpoint in every worker
         if self.time_cost:
             pos, cost = self._pick_time(cands, request, overlap, slots, cols, start, fav)
+            if not slotted:
+                request.ttft_obs = None     # slot 0's rates stood in for all: not learned
         else:
             pos, cost = self._pick_tokens(cands, request, overlap, cols, start, fav)
         o0, o1, o2 = overlap[pos].tolist()
         return pos, cost, o0, o1, o2
+
+    def _give_slots(self, cands: list[EndpointState]) -> bool:
+        """Give each candidate its KV slot; False when no slot is left for one (more than
+        256 endpoints at once): the request is then routed on load alone (warned once)."""
+        r = self.router
+        try:
+            for e in cands:
+                r.slot(e.key)
+        except RuntimeError as e:
+            if not self._warned_slots:
+                self._warned_slots = True
+                logger.warning("KV routing: %s; a request with a candidate beyond them is "
+                               "routed on load alone", e)
+            return False
+        return True
 
     def _session_last(self, request: RequestInfo) -> str | None:
         """Key of the endpoint that served ``request``'s session last (None: no session,

@@ -204,3 +204,41 @@ def test_the_compiled_decision_is_the_numpy_paths(caplog: Any) -> None:
             picked.append((ep.key, info.cost, info.cached_tokens, info.prefill_tokens))
         assert picked[0] == picked[1], i
     log.setLevel(logging.NOTSET)
+
+
+def test_more_endpoints_than_slots_route_on_load_alone(caplog: Any) -> None:
+    """257 endpoints: the one without a KV slot makes its requests go by load alone (warned
+    once), on both decision paths and both costs; nothing raises, routed() skips it."""
+    import logging
+
+    for cost in ("tokens", "time"):
+        p = KvAffinity(KvRouter(KvRoutingConfig.model_validate(
+            {"cost": cost, "approximate": {"mode": "on"}})))
+        eps = [Ep(f"e{i}#0", None) for i in range(257)]
+        for e in eps:
+            e.inflight, e.inflight_prefill_tokens = 1, 300
+        eps[200].inflight, eps[200].inflight_prefill_tokens = 0, 0
+        body = chat("a question")
+        with_slots = eps[:256]
+        info = request(p, body)
+        assert p.pick(with_slots, info) is eps[200]       # 256 slots: the policy as usual
+        p.routed(eps[200], info)
+        eps[200].inflight, eps[200].inflight_prefill_tokens = 1, 300
+        eps[7].inflight, eps[7].inflight_prefill_tokens = 0, 0
+        info = request(p, body)
+        assert p.pick(with_slots, info) is eps[200]       # its cached prefix wins
+        caplog.clear()
+        for debug in (False, True):
+            log = logging.getLogger("motor.coordinator.policy.kv_affinity")
+            log.setLevel(logging.DEBUG if debug else logging.INFO)
+            try:
+                info = request(p, body)
+                ep = p.pick(eps, info)                    # e256 has no slot: load alone
+            finally:
+                log.setLevel(logging.NOTSET)
+            assert ep is eps[7], (cost, debug, ep)
+            assert info.cached_tokens == 0 and info.ttft_obs is None
+            p.routed(eps[256], info)                      # no slot: not remembered, no error
+        assert "e256#0" not in p.router.slot_map
+        warned = [r for r in caplog.records if "routed on load alone" in r.getMessage()]
+        assert len(warned) == 1, cost
