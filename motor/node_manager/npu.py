@@ -196,6 +196,18 @@ def visible_devices(env: dict[str, str], var: str = "ASCEND_RT_VISIBLE_DEVICES")
     return out
 
 
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill ``proc`` if it still runs, then read its pipes to their end and wait for it:
+    its pipe transports are closed when this returns (``wait`` alone may leave them open
+    until the loop next reads, and a loop closed before that fails to close)."""
+    if proc.returncode is None:
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    await proc.communicate()
+
 class NpuMonitor:
     """Samples ``npu-smi`` for one node: periodic ``info``, on-demand AI-core use.
 
@@ -241,18 +253,23 @@ class NpuMonitor:
     async def run_smi(self, *args: str) -> str:
         """Run ``npu-smi args`` with ``timeout_s``; returns stdout; raises on failure."""
         assert self.smi is not None
-        proc = await asyncio.create_subprocess_exec(
+        start = asyncio.ensure_future(asyncio.create_subprocess_exec(
             self.smi, *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE)
+            stderr=asyncio.subprocess.PIPE))
+        try:
+            proc = await asyncio.shield(start)
+        except BaseException:
+            # cancelled while the process was starting (a node manager stopping): it may
+            # start all the same; reap it, so that none of its pipes outlives the loop
+            try:
+                await _reap(await start)
+            except Exception:  # noqa: BLE001 - it did not start: nothing to reap
+                pass
+            raise
         try:
             out, err = await asyncio.wait_for(proc.communicate(), self.cfg.timeout_s)
         except BaseException:
-            if proc.returncode is None:
-                try:
-                    proc.kill()
-                except ProcessLookupError:
-                    pass
-                await proc.wait()
+            await _reap(proc)
             raise
         if proc.returncode != 0:
             msg = (err or out).decode("utf-8", "replace").strip().splitlines()
