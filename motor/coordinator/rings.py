@@ -288,7 +288,8 @@ class WorkerLink:
         if self.router is not None:
             r = self.router
             r.sync(self.table.endpoints.keys())
-            ev = {r.slot(k) for k in msg["events"] if k in self.table.endpoints}
+            ev = {s for k in msg["events"] if k in self.table.endpoints
+                  and (s := r.slot_if_free(k)) is not None}
             r.event_slots.clear()
             r.event_slots.update(ev)
 
@@ -306,7 +307,7 @@ class WorkerLink:
         key = self.key_of_slot.get(fslot)
         if key is None or self.router is None or key not in self.table.endpoints:
             return None
-        return self.router.slot(key)
+        return self.router.slot_if_free(key)    # None: beyond the 256 KV slots
 
     def _kv(self, p: bytes) -> None:
         r = self.router

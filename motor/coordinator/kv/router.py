@@ -107,6 +107,7 @@ class KvRouter:
         self.approx: dict[str, ApproximateIndex] = {}
         self._slots: dict[str, int] = {}
         self._free = list(range(MAX_INSTANCES - 1, -1, -1))
+        self._warned_full = False
         self.event_slots: set[int] = set()   # slots fed by a live subscription
         self._out = np.zeros((MAX_INSTANCES, N_TIERS), np.int32)
         self._out2 = np.zeros((MAX_INSTANCES, N_TIERS), np.int32)
@@ -145,6 +146,41 @@ class KvRouter:
             s = self._slots[key] = self._free.pop()
             self.ingest.add_slot(s, key)
         return s
+
+    def slot_if_free(self, key: str) -> int | None:
+        """:meth:`slot`, or ``None`` when no slot is left for ``key`` (more than 256
+        endpoints at once: warned once; what has no slot is routed on load alone and
+        kept out of the indexes)."""
+        s = self._slots.get(key)
+        if s is None:
+            if not self._free:
+                self._warn_full()
+                return None
+            s = self.slot(key)
+        return s
+
+    def give_slots(self, keys: Iterable[str]) -> bool:
+        """Give each endpoint of ``keys`` its slot; False when no slot is left for one
+        (:meth:`slot_if_free`): its request is then routed on load alone."""
+        slots = self._slots
+        for k in keys:
+            if k not in slots and self.slot_if_free(k) is None:
+                return False
+        return True
+
+    @staticmethod
+    def load_alone(keys: Iterable[str]) -> dict[str, int]:
+        """The slot map a request with a candidate beyond the slots is gathered with
+        (:meth:`give_slots` false): every endpoint of ``keys`` on slot 0, matched against no
+        index, so the choice is made on load alone."""
+        return dict.fromkeys(keys, 0)
+
+    def _warn_full(self) -> None:
+        if not self._warned_full:
+            self._warned_full = True
+            logger.warning("KV routing supports %d endpoints at once; a request with a "
+                           "candidate beyond them is routed on load alone, and what that "
+                           "endpoint caches is not indexed", MAX_INSTANCES)
 
     def slots(self) -> dict[str, int]:
         return dict(self._slots)
@@ -271,9 +307,8 @@ class KvRouter:
             return
         s = self._slots.get(ep.key)
         if s is None:
-            try:
-                s = self.slot(ep.key)
-            except RuntimeError:
+            s = self.slot_if_free(ep.key)
+            if s is None:
                 return      # no slot left for it (the policy routed on load alone)
         if a is None:
             a = self._approx(group)

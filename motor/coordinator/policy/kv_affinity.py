@@ -103,7 +103,6 @@ class KvAffinity(Policy):
         self._token_pick = None if c.cost is KvCost.TIME else TokenPick(
             c.block_size, self._credit, *self._score_cfg)
         self._next = 0
-        self._warned_slots = False
         self.time_cost = c.cost is KvCost.TIME
         t = c.ttft
         self.learn = t.learn
@@ -187,12 +186,12 @@ class KvAffinity(Policy):
             got = tp.pick(cands, r.slot_map, hashes, exact, approx, request.prompt_tokens,
                           start, alt, last, self.session_credit_tokens, loads)
             if got is None:         # an endpoint new to KV routing: give it a slot
-                if self._give_slots(cands):
+                if r.give_slots([e.key for e in cands]):
                     got = tp.pick(cands, r.slot_map, hashes, exact, approx,
                                   request.prompt_tokens, start, alt, last,
                                   self.session_credit_tokens, loads)
                 else:               # no slot left for it: on load alone
-                    got = tp.pick(cands, dict.fromkeys([e.key for e in cands], 0), None, None,
+                    got = tp.pick(cands, r.load_alone([e.key for e in cands]), None, None,
                                   None, request.prompt_tokens, start, alt, last,
                                   self.session_credit_tokens, loads)
                 assert got is not None
@@ -228,9 +227,9 @@ class KvAffinity(Policy):
         slots, overlap, loads, missing, fav = gather(cands, r.slot_map, m, local, last)
         slotted = True
         if missing:                 # an endpoint new to KV routing: give it a slot
-            slotted = self._give_slots(cands)
+            slotted = r.give_slots([e.key for e in cands])
             slots, overlap, loads, missing, fav = gather(
-                cands, r.slot_map if slotted else dict.fromkeys([e.key for e in cands], 0),
+                cands, r.slot_map if slotted else r.load_alone([e.key for e in cands]),
                 m if slotted else None, local, last)    # no slot left for one: load alone
         cols = (loads[0], loads[1], loads[2]) if loads is not None else load_columns(cands)
         if fav < 0 and request.session is not None and self.sessions is not None:
@@ -243,21 +242,6 @@ class KvAffinity(Policy):
             pos, cost = self._pick_tokens(cands, request, overlap, cols, start, fav)
         o0, o1, o2 = overlap[pos].tolist()
         return pos, cost, o0, o1, o2
-
-    def _give_slots(self, cands: list[EndpointState]) -> bool:
-        """Give each candidate its KV slot; False when no slot is left for one (more than
-        256 endpoints at once): the request is then routed on load alone (warned once)."""
-        r = self.router
-        try:
-            for e in cands:
-                r.slot(e.key)
-        except RuntimeError as e:
-            if not self._warned_slots:
-                self._warned_slots = True
-                logger.warning("KV routing: %s; a request with a candidate beyond them is "
-                               "routed on load alone", e)
-            return False
-        return True
 
     def _session_last(self, request: RequestInfo) -> str | None:
         """Key of the endpoint that served ``request``'s session last (None: no session,

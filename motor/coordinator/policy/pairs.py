@@ -268,7 +268,9 @@ class PairChooser:
         r = self.router
         h = info.block_hashes
         m = r.match(h, info.model) if h is not None and len(h) else None
-        slots, ov, queued, running = self._columns(cands, m)
+        slots, ov, queued, running, slotted = self._columns(cands, m)
+        if not slotted:
+            m = None                # a candidate beyond the KV slots: on load alone
         rates = self.rates.rates(slots)
         xfer = self._transfer(ps, ds)
         start = self._next
@@ -297,7 +299,7 @@ class PairChooser:
             ch.p_ttft_s = self._ttft(pq + p_unc, pr, rates[pi].tolist())
             ch.d_ttft_s = xs * d_unc + rd[0] + rd[2] * dr + rd[1] * dq
             ch.queued = (pq, dq)
-            if self.learn:
+            if self.learn and slotted:      # else slot 0's rates stood in for all
                 ch.p_obs = (int(slots[pi]), self.rates.features(pq, p_unc, pr))
         ch.d_uncached = int(d_unc)
         if logger.isEnabledFor(logging.DEBUG):
@@ -312,21 +314,27 @@ class PairChooser:
 
     def _columns(self, cands: list[EndpointState], m: npt.NDArray[np.int32] | None
                  ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int32],
-                            npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+                            npt.NDArray[np.float64], npt.NDArray[np.float64], bool]:
         """(rate slots intp[k], cached blocks int32[k, 3], prefill tokens queued float64[k],
-        requests running float64[k]) per candidate: one compiled gather (two when an
-        endpoint is new to KV routing: it gets a slot)."""
+        requests running float64[k], slotted) per candidate: one compiled gather (two when
+        an endpoint is new to KV routing: it gets a slot). ``slotted`` false: no slot was
+        left for one (more than 256 endpoints), every candidate stands on slot 0 with
+        nothing cached: the choice is made on load alone."""
         r = self.router
         local = getattr(cands[0], "shared", None) is None
         slots, ov, loads, missing, _ = gather(cands, r.slot_map, m, local)
+        slotted = True
         if missing:                 # an endpoint new to KV routing: give it a slot
-            for e in cands:
-                r.slot(e.key)
-            slots, ov, loads, missing, _ = gather(cands, r.slot_map, m, local)
+            keys = [e.key for e in cands]
+            slotted = r.give_slots(keys)
+            slots, ov, loads, missing, _ = gather(
+                cands, r.slot_map if slotted else r.load_alone(keys), m if slotted else None,
+                local)
         if loads is not None:
-            return slots, ov, loads[0], loads[2]
+            return slots, ov, loads[0], loads[2], slotted
         queued, _, running = load_columns(cands)
-        return slots, ov, np.ascontiguousarray(queued), np.ascontiguousarray(running)
+        return (slots, ov, np.ascontiguousarray(queued), np.ascontiguousarray(running),
+                slotted)
 
     def _ttft(self, work: float, running: float, r: Any) -> float:
         """:func:`motor._fast.pairs.pick_pair`'s ``ttft`` of one instance, seconds."""

@@ -194,6 +194,36 @@ def test_approximate_hints_reach_the_other_workers():
     asyncio.run(main())
 
 
+def test_a_hint_for_an_endpoint_beyond_the_kv_slots_is_skipped():
+    """A worker whose 256 KV slots are taken gets a hint (or KV operations) for an endpoint
+    without one: it skips them and its link goes on (it raised and stopped reading the
+    rings); once a slot is free, the next hint lands."""
+    async def main() -> None:
+        rig = Rig()
+        try:
+            await rig.start()
+            r1 = rig.routers[1]
+            assert "backend-1#0" not in r1.slot_map
+            fillers = [f"filler-{i}" for i in range(256 - len(r1.slot_map))]
+            for k in fillers:
+                r1.slot(k)
+            ep = rig.tables[0].endpoints["backend-1#0"]
+            hashes = block_hashes(np.asarray(TOKENS, np.uint32), BS)
+            rig.routers[0].routed(ep, None, hashes)
+            rig.store("backend-1#0", TOKENS, 0)        # KV operations for it too
+            await until(lambda: rig.overlap(0, "backend-1#0", TOKENS) == 4)
+            await asyncio.sleep(0.05)                   # worker 1 polled them
+            assert "backend-1#0" not in r1.slot_map
+            assert not any(t.done() for t in rig.tasks)
+            r1.forget(fillers[0])
+            other = list(range(100, 100 + 4 * BS))
+            rig.routers[0].routed(ep, None, block_hashes(np.asarray(other, np.uint32), BS))
+            await until(lambda: rig.overlap(1, "backend-1#0", other) == 4)
+        finally:
+            await rig.close()
+    asyncio.run(main())
+
+
 def test_parse_engine_metrics():
     text = ("# HELP vllm:num_requests_waiting x\nvllm:num_requests_waiting{model_name=\"m\"} 3.0\n"
             "vllm:num_requests_running{model_name=\"m\"} 2\nvllm:kv_cache_usage_perc 0.5\n"

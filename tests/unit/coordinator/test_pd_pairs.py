@@ -109,3 +109,39 @@ def test_the_transfer_matrix_follows_closeness():
     assert m.tolist() == want
     assert m.tolist() == j.transfer_matrix(ps, ds).tolist()      # cached places
     assert {closeness(p, d, labels) for p in ps for d in ds} == {SAME_NODE, SAME_RACK, OTHER}
+
+
+def test_more_endpoints_than_kv_slots_choose_the_pair_on_load_alone(caplog):
+    """257 endpoints: a joint choice whose candidates include one without a KV slot is made
+    on load alone (no cached prefix counted, no rate learned, warned once), instead of a
+    RuntimeError for every request; routed() leaves the slotless endpoint out of the
+    index."""
+    j = PairChooser(CoordinatorConfig(pd={"joint": {"enabled": True, "local_prefill": False}},
+                                      kv={"approximate": {"mode": "on"}}))
+    ps = [ep(f"p{i}", Role.PREFILL, port=9000 + i) for i in range(129)]
+    ds = [ep(f"d{i}", Role.DECODE, port=8000 + i) for i in range(128)]
+    body = {"prompt": "x" * 4000}
+    for e in ps + ds:
+        e.acquire(300, 300, 16)
+    ps[100].release(300, 300, 16)         # the idle pair by load: p100, d50
+    ds[50].release(300, 300, 16)
+    first = RequestInfo("m", 1, 16)
+    j.prepare(first, "completions", body)
+    got = j.choose(first, ps[:128], ds, False)        # 256 endpoints: every one has a slot
+    assert got is not None and (got.p, got.d) == (ps[100], ds[50])
+    j.routed(got, first)
+    ps[100].acquire(300, 300, 16)
+    ps[7].release(300, 300, 16)
+    again = RequestInfo("m", 1, 16)
+    j.prepare(again, "completions", body)
+    got = j.choose(again, ps[:128], ds, False)
+    assert got is not None and got.p is ps[100]        # its cached prefix wins
+    caplog.clear()
+    info = RequestInfo("m", 1, 16)
+    j.prepare(info, "completions", body)
+    got = j.choose(info, ps, ds, False)                # p128 has no slot: load alone
+    assert got is not None and got.p is ps[7] and got.d is ds[50]
+    assert got.p_uncached == info.prompt_tokens and got.p_obs is None
+    j.routed(Choice(ps[128], ds[50], "cost", 0.0), info)   # no slot: not remembered
+    assert ps[128].key not in j.router.slot_map
+    assert len([r for r in caplog.records if "routed on load alone" in r.getMessage()]) == 1
