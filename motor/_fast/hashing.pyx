@@ -23,6 +23,8 @@ The hash is our own; the only borrowed numbers are the three mix13 constants.
 """
 from libc.stdint cimport uint32_t, uint64_t
 from cpython.buffer cimport PyBuffer_Release
+from cpython.object cimport PyObject
+from cpython.sequence cimport PySequence_Fast_ITEMS
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 
@@ -155,16 +157,44 @@ cdef struct _TokenView:
     Py_buffer view
 
 
+cdef extern from *:
+    """
+    /* A token id as uint32 when it is an exact int that CPython 3.11 keeps in one or two
+       30-bit digits below 2^32 (every token id): read from the object, no call, no
+       error state. 0: not such an int (another version, a subclass, negative, large):
+       the caller converts it the general way and says what is wrong. */
+    static inline int mh_small_u32(PyObject *o, uint32_t *out) {
+    #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && !defined(PYPY_VERSION)
+        if (PyLong_CheckExact(o)) {
+            Py_ssize_t s = Py_SIZE(o);
+            const digit *d = ((PyLongObject *)o)->ob_digit;
+            if (s == 1) { *out = (uint32_t)d[0]; return 1; }
+            if (s == 0) { *out = 0; return 1; }
+            if (s == 2) {
+                uint64_t v = ((uint64_t)d[1] << PyLong_SHIFT) | (uint64_t)d[0];
+                if (v <= 0xFFFFFFFFULL) { *out = (uint32_t)v; return 1; }
+            }
+        }
+    #endif
+        return 0;
+    }
+    """
+    int mh_small_u32(PyObject *o, uint32_t *out) noexcept
+
+
 cdef int _list_to_u32(object seq, _TokenView *tv) except -1:
     """Copy a list/tuple of ints into a malloc'd uint32 array (tv.owned)."""
     cdef Py_ssize_t i, n = len(seq)
     cdef unsigned long v
+    cdef PyObject **items = PySequence_Fast_ITEMS(seq)
     tv.owned = <uint32_t *>malloc((n if n > 0 else 1) * sizeof(uint32_t))
     if tv.owned == NULL:
         raise MemoryError()
     tv.ptr = tv.owned
     tv.n = n
     for i in range(n):
+        if mh_small_u32(items[i], tv.owned + i):
+            continue
         item = seq[i]
         if not isinstance(item, int):
             raise TypeError(f"tokens is expected to hold ints, got {type(item).__name__} "

@@ -128,6 +128,9 @@ class KvAffinity(Policy):
         self._session_kept = metrics.KV_SESSION_ROUTES.labels("kept")
         self._session_moved = metrics.KV_SESSION_ROUTES.labels("moved")
         self._session_new = metrics.KV_SESSION_ROUTES.labels("new")
+        #: the hit-ratio counters' updates, on every decision (without the library's checks)
+        self._count_prompt = metrics.counter_inc(metrics.KV_PROMPT_TOKENS)
+        self._count_matched = metrics.counter_inc(metrics.KV_MATCHED_TOKENS)
 
     def prepare(self, info: RequestInfo, route: str, body: dict[str, Any],
                 off_loop: bool = False) -> Awaitable[None] | None:
@@ -209,8 +212,8 @@ class KvAffinity(Policy):
         if request.block_hashes is not None and not exclude:
             # once a request (leg): a retry's decision, with the tried endpoints excluded,
             # is not counted again
-            metrics.KV_PROMPT_TOKENS.inc(prompt)
-            metrics.KV_MATCHED_TOKENS.inc(request.cached_tokens)
+            self._count_prompt(prompt)
+            self._count_matched(request.cached_tokens)
         return cands[pos]
 
     def _pick_columns(self, cands: list[EndpointState], request: RequestInfo, start: int,

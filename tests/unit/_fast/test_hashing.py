@@ -252,7 +252,7 @@ def test_extend_hashes_refuses_wrong_inputs():
 
 
 def test_a_list_of_ints_hashes_as_its_array_and_bad_items_are_named():
-    ids = [0, 1, 255, 2**16, 2**31, 2**32 - 1] * 3
+    ids = [0, 1, 255, 2**16, 2**30 - 1, 2**30, 2**31, 2**32 - 1] * 3
     want = as_ints(hashing.block_hashes(np.array(ids, dtype=np.uint32), 4, 7, 9))
     assert as_ints(hashing.block_hashes(ids, 4, 7, 9)) == want
     assert as_ints(hashing.block_hashes(tuple(ids), 4, 7, 9)) == want
@@ -261,7 +261,7 @@ def test_a_list_of_ints_hashes_as_its_array_and_bad_items_are_named():
     # bool is an int (its value), an int subclass too
     assert as_ints(hashing.block_hashes([True, False, 3, 4], 4)) == \
         as_ints(hashing.block_hashes([1, 0, 3, 4], 4))
-    for bad in (-1, 2**32, 2**64, -(2**70)):
+    for bad in (-1, -(2**31), 2**32, 2**33 + 5, 2**64, -(2**70)):
         with pytest.raises(OverflowError):
             hashing.block_hashes([1, 2, bad, 4], 4)
     with pytest.raises(TypeError, match=r"tokens is expected to hold ints, got str \(tokens\[2\]\)"):
