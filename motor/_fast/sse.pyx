@@ -137,15 +137,17 @@ cdef Py_ssize_t _string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
                         bint *esc) noexcept nogil:
     """``p[i]`` is a string's opening quote: the offset after its closing quote, -1 when
     it is not a valid string (or escapes a surrogate). ``esc`` is set when it has an
-    escape."""
+    escape. ``p[n]`` must not be a plain byte (``_PLAIN``): every caller's ``n`` is an
+    event's end, where the block holds its ``\n`` or the NUL a ``bytes`` object ends with,
+    so the run of plain bytes needs no bound check a byte."""
     cdef unsigned char c
     cdef int u, h, k, j
     i += 1
-    while i < n:
+    while True:
         while _PLAIN[p[i]]:     # the run of plain bytes (the common case: all of it)
             i += 1
-            if i >= n:
-                return -1
+        if i >= n:
+            return -1
         c = p[i]
         if c == CH_QUOTE:
             return i + 1
@@ -180,7 +182,6 @@ cdef Py_ssize_t _string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
             if k == 0:
                 return -1
             i += k
-    return -1
 
 
 cdef Py_ssize_t _number(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:

@@ -190,6 +190,24 @@ def test_the_compiled_scanner_leaves_what_it_does_not_take_to_the_json_path(payl
     assert gen == [] and s.fallbacks == 1
 
 
+@pytest.mark.parametrize("block", [
+    b'data: {"id":"x","choices":[{"text":"abc',          # the block ends in a string
+    b'data: {"id":"x","choices":[{"text":"abc\n\n',      # the event ends in one
+    b'data: {"id":"abc\\',                               # ... after an escape's backslash
+    b'data: {"id":"abc\\u00',                            # ... in a \u escape
+    b'data: {"id":"ab\xc3',                              # ... in a UTF-8 sequence
+    b'data: {"id":"ab\x00c","choices":[]}\n\n',          # a NUL inside a string
+])
+def test_a_string_cut_by_the_events_end_is_left_to_the_json_path(block):
+    """A string's scan stops at the event's end (its line break, or the block's end) with
+    no bound check a byte: whatever follows in the block is never read as the string's."""
+    s = sse.EventScanner(False, False)
+    assert s.feed(block, []) is None and s.fallbacks == 1
+    tail = b'","choices":[{"text":"a","finish_reason":"stop"}]}\n\n'
+    s = sse.EventScanner(False, False)
+    assert s.feed(b'data: {"id":"abc\n\ndata: {"id":"x' + tail, []) is None
+
+
 def test_a_line_break_inside_an_event_is_left_to_the_json_path():
     s = sse.EventScanner(False, False)
     assert s.feed(b'data: {"id":"x","choices":[]}\ndata: [DONE]\n\n', []) is None
