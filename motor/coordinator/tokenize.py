@@ -60,6 +60,8 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from motor._fast.chatplan import assemble as _assemble
+from motor._fast.chatplan import plan_cut
 from motor._fast.hashing import block_hashes, extend_hashes
 from motor._fast.pretok import ByteLevelMiss, WordIds, encode_ascii_words, split_added
 from motor.protocol import chat_tokenizer
@@ -398,25 +400,9 @@ class RoutingTokenizer:
 
     def assemble(self, plan: list[str | int]) -> list[int]:
         """The ids of a :meth:`chat_plan` from the piece cache (a piece not there is
-        encoded, :meth:`encode_piece`, and kept)."""
-        out: list[int] = []
-        cache = self.pieces
-        d = cache._d
-        for p in plan:
-            if type(p) is int:
-                out.append(p)
-                continue
-            got = d.get(p)
-            if got is None:
-                assert isinstance(p, str)
-                cache.misses += 1
-                got = self.encode_piece(p)
-                cache.put(p, got)
-            else:
-                d.move_to_end(p)
-                cache.hits += 1
-            out += got
-        return out
+        encoded, :meth:`encode_piece`, and kept; compiled:
+        :func:`motor._fast.chatplan.assemble`)."""
+        return _assemble(plan, 0, self.pieces, self.encode_piece)
 
     def plan_key(self, plan: list[str | int], block_size: int, salt: int = 0,
                  cut: int | None = None) -> tuple[int, npt.NDArray[np.uint64]]:
@@ -433,12 +419,7 @@ class RoutingTokenizer:
         (:meth:`Tokenizers.warm`), ``None``: found here. (Any cut gives the same result:
         it only decides which prefix is kept.)"""
         if cut is None:
-            pieces = self.pieces._d
-            cut = len(plan)
-            for i, p in enumerate(plan):
-                if type(p) is str and p not in pieces:
-                    cut = i
-                    break
+            cut = plan_cut(plan, self.pieces._d)[0]
         if not cut:
             ids = self.assemble(plan)
             return len(ids), block_hashes(ids, block_size, 0, salt)
@@ -458,10 +439,13 @@ class RoutingTokenizer:
         else:
             prefixes.move_to_end(pk)
         n0, h0, tail, _ = st
-        rest = self.assemble(plan[cut:]) if cut < len(plan) else []
-        if len(tail) + len(rest) < block_size:
-            return n0 + len(rest), h0
-        return n0 + len(rest), extend_hashes(h0, tail + rest, block_size, salt)
+        if cut == len(plan):
+            return n0, h0
+        ids = _assemble(plan, cut, self.pieces, self.encode_piece, tail)  # tail, then the rest
+        n = n0 + len(ids) - len(tail)
+        if len(ids) < block_size:
+            return n, h0
+        return n, extend_hashes(h0, ids, block_size, salt)
 
     @property
     def cuts_chats(self) -> bool:
@@ -893,39 +877,40 @@ class Tokenizers:
         except (TokenizeError, ValueError):
             return None
         if plan is not None:
-            pieces = tok.pieces._d
-            new_chars = 0
-            cut = -1        # the first text piece not cached (plan_key's cut)
-            for i, p in enumerate(plan):
-                if type(p) is str and p not in pieces:
-                    new_chars += len(p)
-                    if cut < 0:
-                        cut = i
+            # the first text piece not cached (plan_key's cut), and the text not cached
+            cut, new_chars = plan_cut(plan, tok.pieces._d)
             if new_chars < self.off_loop_min_chars:
-                self._rendered = (body, route, tok, key, None, text, plan,
-                                  cut if cut >= 0 else len(plan))
+                self._rendered = (body, route, tok, key, None, text, plan, cut)
                 return None
-        elif text is None or len(text) < self.off_loop_min_chars:
+            return self._encode_pieces(tok, plan)
+        if text is None or len(text) < self.off_loop_min_chars:
             self._rendered = (body, route, tok, key, prompt, text if prompt is None else None,
                               None, None)
             return None
-        loop = asyncio.get_running_loop()
-        ids_cache = self.ids
-        fut: asyncio.Future[Any]
-        if plan is not None:
-            # only the pieces not cached go to the pool; the caches are touched on the loop
-            missing = list(dict.fromkeys(p for p in plan
-                                         if isinstance(p, str) and p not in tok.pieces))
-            fut = loop.run_in_executor(self._executor(), tok.encode_pieces, missing)
+        return self._encode_text(tok, key, text, prompt is not None)
 
-            def keep_pieces(f: asyncio.Future[list[list[int]]]) -> None:
-                if not f.cancelled() and f.exception() is None:
-                    for piece, got in zip(missing, f.result()):
-                        tok.pieces.put(piece, got)
-            fut.add_done_callback(keep_pieces)
-            return fut
-        assert text is not None
-        fut = loop.run_in_executor(self._executor(), tok.encode, text, prompt is not None)
+    def _encode_pieces(self, tok: RoutingTokenizer, plan: list[str | int]
+                       ) -> asyncio.Future[Any]:
+        """:meth:`warm` of a plan with much new text: its pieces not cached, encoded in the
+        pool, land in the piece cache (touched on the loop)."""
+        missing = list(dict.fromkeys(p for p in plan
+                                     if isinstance(p, str) and p not in tok.pieces))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().run_in_executor(
+            self._executor(), tok.encode_pieces, missing)
+
+        def keep_pieces(f: asyncio.Future[list[list[int]]]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                for piece, got in zip(missing, f.result()):
+                    tok.pieces.put(piece, got)
+        fut.add_done_callback(keep_pieces)
+        return fut
+
+    def _encode_text(self, tok: RoutingTokenizer, key: object, text: str,
+                     special: bool) -> asyncio.Future[Any]:
+        """:meth:`warm` of a long text encoded whole: its ids land in :attr:`ids`."""
+        ids_cache = self.ids
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().run_in_executor(
+            self._executor(), tok.encode, text, special)
 
         def keep(f: asyncio.Future[list[int]]) -> None:
             if not f.cancelled() and f.exception() is None:
