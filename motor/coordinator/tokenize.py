@@ -808,6 +808,13 @@ class Tokenizers:
         TokenizeError
             when the body cannot be tokenized (the engine will judge the request).
         """
+        r = self._rendered
+        if r is not None and r[0] is body and r[6] is not None and r[3] is None \
+                and r[1] == route:
+            # warm() planned this very chat just before, and it has no request key (cut into
+            # pieces): the key from the plan, without _take's general path
+            self._rendered = None
+            return r[2].plan_key(r[6], block_size, salt, r[7])
         tok, key, prompt, text, plan, cut = self._take(route, body)
         keys = self.keys
         if key is not None:
@@ -861,9 +868,12 @@ class Tokenizers:
             tok = self.get(body.get("model"))
             if not tok.releases_gil:
                 return None
-            key, prompt = self._key(tok, route, body)
-            if key is None and not (prompt is None and tok.cuts_chats):
-                return None     # a token-id prompt, a chat whose key cannot be made
+            key: object = None
+            prompt: str | list[int] | None = None
+            if route != "chat" or not tok.cuts_chats:   # (a cut chat has no request key)
+                key, prompt = self._key(tok, route, body)
+                if key is None:
+                    return None     # a token-id prompt, a chat whose key cannot be made
             if key is not None and (key in self.keys or key in self.ids._d):
                 self._rendered = (body, route, tok, key, prompt, None, None, None)
                 return None
