@@ -1,4 +1,5 @@
 """Type stubs for motor._fast.splice (a spliced chat render's structure key and plan)."""
+from typing import Any
 
 def shape_of(messages: list[object], flags: object
              ) -> tuple[tuple[object, ...], list[str]] | None:
@@ -10,3 +11,11 @@ def plan_of(seg_plans: tuple[tuple[str | int, ...], ...], idx: tuple[int, ...],
     """The added-token split of the spliced text from its segments' splits; ``None`` when a
     piece holding a content holds ``prefix``. ``memo``: the structure's last pieces with a
     content, reused when equal (updated)."""
+
+NOT_KNOWN: object
+
+def plan_known(shapes: dict[Any, Any], messages: list[object], flags: object,
+               prefix: str, missing: object) -> Any:
+    """``SpliceCache.plan`` of a structure in ``shapes`` in one call: the plan, ``None`` (not
+    spliceable, or a content holds ``prefix``), or ``NOT_KNOWN`` (structure not there, or its
+    ``splits`` is ``missing``)."""

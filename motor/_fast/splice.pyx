@@ -42,6 +42,50 @@ cdef str _EMPTY = ""
 
 def shape_of(list messages, object flags):
     """(structure key tuple, contents list) of ``messages``, or ``None`` (not spliceable)."""
+    return _shape_of(messages, flags)
+
+
+#: what :func:`plan_known` answers for a structure not seen yet (or whose segments are not
+#: split yet): the caller's general path makes it
+NOT_KNOWN = object()
+
+
+def plan_known(dict shapes not None, list messages not None, object flags, str prefix not None,
+               object missing):
+    """:meth:`motor.coordinator.chat_splice.SpliceCache.plan` for a structure it holds, in
+    one call: :func:`shape_of`, the structure's entry in ``shapes`` (key -> an object with
+    ``splits``, ``idx``, ``memo``), then :func:`plan_of`.
+
+    Returns
+    -------
+    list, None or NOT_KNOWN
+        The plan; ``None`` when the chat is not spliceable, its structure does not cut
+        cleanly (``splits`` None) or a piece with a content holds ``prefix``;
+        :data:`NOT_KNOWN` when ``shapes`` has no entry for the structure or its ``splits``
+        is ``missing`` (not made yet).
+
+    Raises
+    ------
+    ValueError, TypeError
+        as :func:`plan_of`.
+    """
+    got = _shape_of(messages, flags)
+    if got is None:
+        return None
+    key, contents = <tuple>got
+    cdef PyObject *sh = PyDict_GetItem(shapes, key)
+    if sh == NULL:
+        return NOT_KNOWN
+    splits = (<object>sh).splits
+    if splits is missing:
+        return NOT_KNOWN
+    if splits is None:
+        return None
+    return _plan_of(<tuple?>splits, <tuple?>(<object>sh).idx, <list>contents, prefix,
+                    <list?>(<object>sh).memo)
+
+
+cdef object _shape_of(list messages, object flags):
     cdef list shape = [flags]
     cdef list contents = []
     cdef PyObject *c
@@ -163,6 +207,10 @@ def plan_of(tuple seg_plans, tuple idx, list contents, str prefix, list memo=Non
         when ``prefix`` is empty, the lengths do not fit or an index is out of range;
         TypeError when a segment's plan is not a tuple.
     """
+    return _plan_of(seg_plans, idx, contents, prefix, memo)
+
+
+cdef object _plan_of(tuple seg_plans, tuple idx, list contents, str prefix, list memo):
     cdef Py_ssize_t k, i, j = 0, n = PyTuple_GET_SIZE(idx), nc = len(contents)
     cdef list out = []
     cdef list pending = []

@@ -30,7 +30,7 @@ from typing import Any
 
 from jinja2 import nodes
 
-from motor._fast.splice import plan_of, shape_of
+from motor._fast.splice import NOT_KNOWN, plan_known, plan_of, shape_of
 
 #: what a type test answers for any ``str`` (jinja2's tests of those names)
 _STR_TESTS = {"string": True, "defined": True, "undefined": False, "none": False,
@@ -318,6 +318,9 @@ class SpliceCache:
         pieces around them (:func:`motor._fast.splice.plan_of`). ``None`` when the chat is
         not spliceable or a content may hold an added token (the tokens' common
         ``prefix``): then the caller renders and splits the text."""
+        known = plan_known(self._shapes, messages, flags, prefix, _MISSING)
+        if known is not NOT_KNOWN:      # a structure seen and split before: one call
+            return known  # type: ignore[no-any-return]
         got = shape_of(messages, flags)
         if got is None:
             return None

@@ -164,6 +164,9 @@ class RoutingTokenizer:
                                                              list[int], int]] = OrderedDict()
         #: characters of the text pieces held by :attr:`prefixes`' keys
         self.prefix_chars = 0
+        #: the splice cache's callbacks, bound once (not a bound method made a request)
+        self._render_bound = self._render_messages
+        self._split_bound = self._split_segment
         if source == BUILTIN:
             return
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -319,8 +322,8 @@ class RoutingTokenizer:
             if type(messages) is list and not body.get("continue_final_message"):
                 flags = self._splice_flags(body, False)
                 if flags is not None:
-                    plan = sp.plan(messages, flags, self._render_messages,
-                                   self._split_segment, self._split_fast[0])
+                    plan = sp.plan(messages, flags, self._render_bound,
+                                   self._split_bound, self._split_fast[0])
                     if plan is not None:
                         return None, plan
         text = self.render_chat(body)

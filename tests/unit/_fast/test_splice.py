@@ -103,3 +103,34 @@ def test_an_equal_piece_is_the_last_plans_object() -> None:
     assert plan_of(segs, (0, 1), ["be brief!", "é✔"], PRE, memo)[4] == "user\né✔"
     assert plan_of(segs, (0, 1), ["be brief!", "é✔"], PRE, memo)[4] is memo[1]
     assert plan_of(segs, (0, 1), ["be brief!", "\U0001F600"], PRE, memo)[4] == "user\n\U0001F600"
+
+
+def test_a_known_structure_is_planned_in_one_call_as_plan_of_plans_it() -> None:
+    """plan_known: NOT_KNOWN for a structure not in the table or not split yet, None for a
+    chat that is not spliceable or a structure that does not cut, else plan_of's plan (with
+    the entry's memo)."""
+    from motor._fast.splice import NOT_KNOWN, plan_known
+
+    class Entry:
+        def __init__(self, splits, idx=(), memo=None):
+            self.splits, self.idx, self.memo = splits, idx, memo if memo is not None else []
+
+    missing = object()
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    key, contents = shape_of(msgs, True)
+    splits = ((257, "system\n"), (258, "\n", 257, "user\n"), (258, "\n", 257, "assistant\n"))
+    entry = Entry(splits, (0, 1))
+    assert plan_known({}, msgs, True, "<|", missing) is NOT_KNOWN
+    assert plan_known({key: Entry(missing)}, msgs, True, "<|", missing) is NOT_KNOWN
+    assert plan_known({key: Entry(None)}, msgs, True, "<|", missing) is None
+    assert plan_known({key: entry}, [{"role": "user", "content": 3}], True, "<|",
+                      missing) is None
+    got = plan_known({key: entry}, msgs, True, "<|", missing)
+    assert got == plan_of(splits, (0, 1), contents, "<|", []) == \
+        [257, "system\nsys", 258, "\n", 257, "user\nhi", 258, "\n", 257, "assistant\n"]
+    assert entry.memo == ["system\nsys", "user\nhi"]
+    again = plan_known({key: entry}, [dict(m) for m in msgs], True, "<|", missing)
+    assert again[1] is got[1]                       # the memo's object again
+    assert plan_known({key: entry}, msgs, False, "<|", missing) is NOT_KNOWN  # other flags
+    assert plan_known({key: entry}, [msgs[0], {"role": "user", "content": "<|x"}], True,
+                      "<|", missing) is None        # a content holds the prefix
