@@ -16,7 +16,6 @@ counters and ``put(text, ids)`` (which bounds it).
 from cpython.dict cimport PyDict_Contains, PyDict_GetItemWithError
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_GET_LENGTH
 
 cdef extern from "Python.h":

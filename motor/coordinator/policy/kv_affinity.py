@@ -189,12 +189,13 @@ class KvAffinity(Policy):
             got = tp.pick(cands, r.slot_map, hashes, exact, approx, request.prompt_tokens,
                           start, alt, last, self.session_credit_tokens, loads)
             if got is None:         # an endpoint new to KV routing: give it a slot
-                if r.give_slots([e.key for e in cands]):
+                keys = [e.key for e in cands]
+                if r.give_slots(keys):
                     got = tp.pick(cands, r.slot_map, hashes, exact, approx,
                                   request.prompt_tokens, start, alt, last,
                                   self.session_credit_tokens, loads)
                 else:               # no slot left for it: on load alone
-                    got = tp.pick(cands, r.load_alone([e.key for e in cands]), None, None,
+                    got = tp.pick(cands, r.load_alone(keys), None, None,
                                   None, request.prompt_tokens, start, alt, last,
                                   self.session_credit_tokens, loads)
                 assert got is not None
@@ -230,9 +231,10 @@ class KvAffinity(Policy):
         slots, overlap, loads, missing, fav = gather(cands, r.slot_map, m, local, last)
         slotted = True
         if missing:                 # an endpoint new to KV routing: give it a slot
-            slotted = r.give_slots([e.key for e in cands])
+            keys = [e.key for e in cands]
+            slotted = r.give_slots(keys)
             slots, overlap, loads, missing, fav = gather(
-                cands, r.slot_map if slotted else r.load_alone([e.key for e in cands]),
+                cands, r.slot_map if slotted else r.load_alone(keys),
                 m if slotted else None, local, last)    # no slot left for one: load alone
         cols = (loads[0], loads[1], loads[2]) if loads is not None else load_columns(cands)
         if fav < 0 and request.session is not None and self.sessions is not None:
