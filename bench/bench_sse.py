@@ -1,5 +1,6 @@
 """Benchmarks for motor._fast.sse: one SSE block through the first leg's failover bookkeeping,
-the byte scanner (``StreamRecovery`` with ``EventScanner``) against the JSON path
+the byte scanner (``StreamRecovery`` with ``EventScanner``; ``scanner,no_shapes``: every
+event scanned in full, no event read from the last one's shape) against the JSON path
 (``StreamRecovery(scan=False)``: orjson load, edit, dump).
 
 Budget (issue 13): exact mid-stream failover "costs close to nothing": a token event with
@@ -17,6 +18,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from motor._fast.sse import EventScanner
 from motor.coordinator.recovery import StreamRecovery
 
 pytestmark = pytest.mark.fast_core
@@ -45,23 +47,25 @@ EVENTS = {
 }
 
 
-def _stream(scan: bool, first: bool) -> StreamRecovery:
-    r = StreamRecovery(True, _BODY, scan=scan)
+def _stream(impl: str, first: bool) -> StreamRecovery:
+    r = StreamRecovery(True, _BODY, scan=impl != "json")
+    if impl == "scanner,no_shapes":     # every event scanned in full (no EventScanner shape)
+        r.scanner = EventScanner(True, False, shapes=False)
     if not first:         # past the first event: id known, role sent
         r.feed(_chunk("", [1], prompt_token_ids=[1, 2, 3]))
     return r
 
 
-@pytest.mark.parametrize("impl", ["scanner", "json"])
+@pytest.mark.parametrize("impl", ["scanner", "scanner,no_shapes", "json"])
 @pytest.mark.parametrize("event", sorted(EVENTS))
 def test_feed(benchmark, event, impl):
     benchmark.group = f"sse.feed[{event}]"
     block, first = EVENTS[event]
-    r = _stream(impl == "scanner", first)
+    r = _stream(impl, first)
     if first:
         # a fresh stream per round: the prompt ids are read once per stream
         def run() -> bytes:
-            return StreamRecovery(True, _BODY, scan=impl == "scanner").feed(block)
+            return StreamRecovery(True, _BODY, scan=impl != "json").feed(block)
         out = benchmark(run)
     else:
         gen = r.gen
@@ -71,5 +75,7 @@ def test_feed(benchmark, event, impl):
             return r.feed(block)
         out = benchmark(run)
     assert b"token_ids" not in out and b"prompt_token_ids" not in out
-    if impl == "scanner":
+    if impl != "json":
         assert r.scanner is not None and r.scanner.fallbacks == 0
+        # after the first round, the repeated block is read from the kept shape
+        assert (r.scanner.shaped > 0) == (impl == "scanner" and not first)

@@ -7,6 +7,10 @@ cdef enum:
     SSE_MAX_DEPTH = 64       # nesting of a skipped value; deeper: the JSON path
     SSE_MAX_INT_DIGITS = 18  # digits of an integer part (fits int64); more: the JSON path
     SSE_MAX_CUTS = 8         # byte ranges cut out of one event
+    SSE_SHAPE_BYTES = 1024   # an event kept as the next events' shape: at most this long
+    SSE_SHAPE_MEMBERS = 16   # ... and with at most this many members in each of its objects
+    SSE_SHAPE_SLOTS = 2      # values that may differ from it: the text and the token ids
+    SSE_SHAPE_MISSES = 4     # events in a row that do not fit the shape: no more shapes
 
 
 cdef enum SseLevel:          # which object a member belongs to
@@ -104,6 +108,31 @@ cdef struct SseCuts:
     int n
 
 
+cdef struct SseShapeMember:  # an SseMember of a kept shape: offsets from the event's start,
+    Py_ssize_t key           # and for each the number of slots that end at or before it
+    Py_ssize_t vstart        # (what moves it in an event whose slots changed length)
+    Py_ssize_t vend
+    int kind
+    unsigned char nk, nv, ne
+
+
+cdef struct SseShapeObject:  # an SseObject of a kept shape
+    SseShapeMember m[SSE_SHAPE_MEMBERS]
+    int n
+    int at[SSE_N_KEYS]
+
+
+cdef struct SseShape:        # the last event scanned in full, for the events that repeat it
+    unsigned char p[SSE_SHAPE_BYTES]     # its bytes, "data:" to the end (no blank line)
+    Py_ssize_t n
+    int slots                            # values that may differ, in offset order:
+    Py_ssize_t a[SSE_SHAPE_SLOTS]        # their spans [a, b) in p
+    Py_ssize_t b[SSE_SHAPE_SLOTS]
+    int kind[SSE_SHAPE_SLOTS]            # SSE_KIND_STRING or SSE_KIND_ARRAY (token ids)
+    int choices                          # SseChoices
+    SseShapeObject o[3]                  # top, choices[0], delta
+
+
 cdef class EventScanner:
     cdef readonly bint chat
     cdef readonly bint client_ids
@@ -124,6 +153,10 @@ cdef class EventScanner:
     cdef readonly bint captured
     cdef readonly int64_t events
     cdef readonly int64_t fallbacks
+    cdef readonly int64_t shaped
+    cdef bint _shapes
+    cdef int _misses
+    cdef SseShape *_shape
     cdef SseIds _ids
     cdef SseIds _pids
     cdef char *_out
@@ -142,3 +175,7 @@ cdef class EventScanner:
     cdef int _emit(self, const char *p, Py_ssize_t n) except -1
     cdef int _decide(self, const unsigned char *p, SseEvent *ev, SseState *st,
                      SseCuts *cuts) except -2
+    cdef int _keep(self, const unsigned char *p, Py_ssize_t i, Py_ssize_t e,
+                   const SseEvent *ev) except -1
+    cdef int _fit(self, const unsigned char *p, Py_ssize_t i, Py_ssize_t e,
+                  SseEvent *ev) except -1

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from motor._fast.sse import EventScanner
 from motor.coordinator.recovery import StreamRecovery
-from tests.unit._fast.sse_chunks import chunk, data, events
+from tests.unit._fast.sse_chunks import chunk, data, events, shaped_stream
 from tests.unit.coordinator.test_recovery_scan import state
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True,
@@ -21,13 +21,19 @@ SETTINGS = settings(max_examples=300, deadline=None, derandomize=True,
 
 
 @st.composite
-def mutated(draw) -> tuple[bool, bytes]:
-    """An engine stream's bytes, then damaged: bytes flipped, inserted, deleted, cut off."""
-    chat_mode = draw(st.booleans())
-    raw = bytearray(b"".join(data(e, draw(st.booleans()))
-                             for e in draw(st.lists(chunk(chat_mode), max_size=6))))
-    if draw(st.booleans()):
-        raw += b"data: [DONE]\n\n"
+def mutated(draw, shaped: bool = False) -> tuple[bool, bytes]:
+    """An engine stream's bytes, then damaged: bytes flipped, inserted, deleted, cut off.
+    ``shaped``: events that repeat one chunk but for their text and token ids (the
+    scanner's shapes, ``EventScanner._fit``), so most damage lands in a repeated event."""
+    if shaped:
+        chat_mode, _, blocks = draw(shaped_stream())
+        raw = bytearray(b"".join(blocks))
+    else:
+        chat_mode = draw(st.booleans())
+        raw = bytearray(b"".join(data(e, draw(st.booleans()))
+                                 for e in draw(st.lists(chunk(chat_mode), max_size=6))))
+        if draw(st.booleans()):
+            raw += b"data: [DONE]\n\n"
     for _ in range(draw(st.integers(0, 4))):
         op = draw(st.integers(0, 3))
         at = draw(st.integers(0, len(raw)))
@@ -76,7 +82,8 @@ def test_garbage_never_raises_and_records_nothing_when_given_back(raw, chat_mode
 
 
 @SETTINGS
-@given(mutated(), st.lists(st.integers(0, 2000), max_size=6), st.booleans())
+@given(st.one_of(mutated(), mutated(shaped=True)), st.lists(st.integers(0, 2000), max_size=6),
+       st.booleans())
 def test_damaged_streams_split_anywhere_read_the_same_as_the_json_path(case, splits,
                                                                        client_ids):
     chat_mode, raw = case

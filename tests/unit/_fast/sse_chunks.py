@@ -130,3 +130,48 @@ def stream(draw):
             blocks.append(b"".join(raw[last:c]))
             last = c
     return chat_mode, draw(st.booleans()), blocks
+
+
+def _revalue(obj: dict, chat_mode: bool, text, ids, keep_ids: bool) -> dict:
+    """``obj`` (one chunk) with its choice's text and token ids replaced, key order kept."""
+    out = dict(obj)
+    choices = out.get("choices")
+    if not choices:
+        return out
+    c = dict(choices[0])
+    if chat_mode:
+        if isinstance(c.get("delta"), dict) and "content" in c["delta"]:
+            c["delta"] = {**c["delta"], "content": text}
+    elif "text" in c:
+        c["text"] = text
+    if "token_ids" in c and keep_ids:
+        c["token_ids"] = ids
+    out["choices"] = [c]
+    return out
+
+
+@st.composite
+def shaped_stream(draw):
+    """A stream whose events repeat one chunk but for their text and token ids (an engine's
+    usual stream), with now and then one that differs elsewhere (another finish reason,
+    spacing, a null text), cut into blocks; as :func:`stream` returns it."""
+    chat_mode = draw(st.booleans())
+    base = draw(chunk(chat_mode))
+    spaced = draw(st.booleans())
+    raw = []
+    for _ in range(draw(st.integers(2, 12))):
+        text = draw(st.one_of(_text, _text, _text, st.none()))
+        ids = draw(st.one_of(_ids, _ids, _ids, st.none()))
+        ev = _revalue(base, chat_mode, text, ids, True)
+        if draw(st.integers(0, 7)) == 0:
+            ev = draw(chunk(chat_mode))             # another shape
+        raw.append(data(ev, spaced if draw(st.integers(0, 7)) else not spaced))
+    if draw(st.booleans()):
+        raw.append(b"data: [DONE]\n\n")
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(raw) - 1)), max_size=len(raw))))
+    blocks, last = [], 0
+    for c in cuts + [len(raw)]:
+        if c > last:
+            blocks.append(b"".join(raw[last:c]))
+            last = c
+    return chat_mode, draw(st.booleans()), blocks

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from motor._fast import sse
 from tests.unit._fast import reference as ref
-from tests.unit._fast.sse_chunks import chat, cmpl, data, events, stream
+from tests.unit._fast.sse_chunks import chat, cmpl, data, events, shaped_stream, stream
 
 IMPLS = {"compiled": sse.EventScanner, "reference": ref.EventScanner}
 STATE = ref.EventScanner.STATE
@@ -277,3 +277,81 @@ def test_generated_chunks_are_understood_unless_they_end_before_finishing(case):
         if s.feed(block, []) is None:
             assert b"[DONE]" in block and not s.finished
             return
+
+
+# -- shapes: events that repeat the last one scanned in full ------------------------------
+def _feed_all(s, blocks):
+    gen: list[int] = []
+    outs = []
+    for block in blocks:
+        out = s.feed(block, gen)
+        if out is None:
+            s.sync(**dict.fromkeys(STATE, False))
+        outs.append(out)
+    return outs, gen
+
+
+def test_events_that_repeat_the_last_ones_shape_are_read_from_it():
+    texts = ["Hello", "", ' w"or\\ld\n', "\u00e9t\u00e9", "a" * 40, "\U0001F600", "x"]
+    role = data(chat(content="", ids=(), usage=None)).replace(
+        b'"content":""', b'"role":"assistant","content":""')
+    raw = [role] + [data(chat(content=t, ids=range(i, i + i % 3), usage=None))
+                    for i, t in enumerate(texts)]
+    raw.append(data(chat(content="", ids=(9,), finish="length", usage=None)))
+    raw.append(b"data: [DONE]\n\n")
+    for blocks in (raw, [b"".join(raw)]):
+        on, off = sse.EventScanner(True, False), sse.EventScanner(True, False, shapes=False)
+        outs_on, gen_on = _feed_all(on, blocks)
+        outs_off, gen_off = _feed_all(off, blocks)
+        assert outs_on == outs_off and gen_on == gen_off
+        assert _state(on) == _state(off)
+        assert gen_on == [x for i in range(len(texts)) for x in range(i, i + i % 3)] + [9]
+        assert b"token_ids" not in b"".join(outs_on)
+        # the role chunk and the first text chunk are read in full, the finishing one too
+        assert on.shaped == len(texts) - 1 and off.shaped == 0
+        assert on.finished and on.done
+
+
+@pytest.mark.parametrize("other", [
+    chat(content=None, ids=(3,)),                 # the text null: not a string slot
+    chat(content="b", ids=None),                  # token ids absent
+    {**chat(content="b"), "choices": [{**chat()["choices"][0], "token_ids": None}]},
+    chat(content="b", ids=(3,), finish="stop"),   # another finish reason
+    chat(content="b", ids=(3,), created=6),
+    chat(content="b", ids=(3,), x_extra=1),
+])
+def test_an_event_that_differs_from_the_shape_elsewhere_is_read_in_full(other):
+    blocks = [data(chat(content="a", ids=(1, 2))), data(chat(content="c", ids=(2,))),
+              data(other), data(chat(content="d", ids=(4,)))]
+    on, off = sse.EventScanner(True, False), sse.EventScanner(True, False, shapes=False)
+    assert _feed_all(on, blocks) == _feed_all(off, blocks)
+    assert _state(on) == _state(off)
+    assert on.shaped == 1          # the second event; the third and fourth are read in full
+
+
+def test_invalid_json_in_a_slot_is_not_taken_from_the_shape():
+    good = data(chat(content="ab", ids=(1,)))
+    for bad in (good.replace(b'"ab"', b'"a\x01"'), good.replace(b'"ab"', b'"a\\q"'),
+                good.replace(b"[1]", b"[1,]"), good.replace(b"[1]", b"[-1]"),
+                good.replace(b'"ab"', b'"a\xff"')):
+        s = sse.EventScanner(True, False)
+        assert s.feed(good, []) is not None
+        gen: list[int] = []
+        assert s.feed(bad, gen) is None and gen == [] and s.shaped == 0
+
+
+@SETTINGS
+@given(shaped_stream())
+def test_shapes_change_nothing_the_client_or_the_stream_sees(case):
+    chat_mode, client_ids, blocks = case
+    on = sse.EventScanner(chat_mode, client_ids)
+    off = sse.EventScanner(chat_mode, client_ids, shapes=False)
+    r = ref.EventScanner(chat_mode, client_ids)
+    outs_on, gen_on = _feed_all(on, blocks)
+    assert (outs_on, gen_on) == _feed_all(off, blocks)
+    assert _state(on) == _state(off)
+    outs_r, gen_r = _feed_all(r, blocks)
+    assert [o is None for o in outs_on] == [o is None for o in outs_r]
+    assert [events(o) for o in outs_on if o is not None] == \
+        [events(o) for o in outs_r if o is not None]
+    assert gen_on == gen_r
