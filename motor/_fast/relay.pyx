@@ -22,7 +22,7 @@ task its writes go out together (its last ones with the caller's ``end``).
 
 This module imports nothing from ``motor``: ``motor.coordinator.routing.base`` hands it,
 once, with :func:`bind`, the client's exception classes, its ``Silence`` counter, its
-``past_prefill`` test, the keep-alive comment, the largest event it relays and the
+the keep-alive comment, the largest event it relays and the
 server's ready ``drain`` awaitable.
 """
 cimport cython
@@ -34,6 +34,7 @@ from libc.string cimport memchr, memcmp
 
 cdef extern from "string.h" nogil:
     void *memrchr(const void *s, int c, size_t n)
+    void *memmem(const void *h, size_t hn, const void *needle, size_t nn)
 from cpython.contextvars cimport PyContext_CopyCurrent, PyContext_Enter, PyContext_Exit
 
 from motor._fast.upstream cimport ChunkSink, UpstreamResponse
@@ -46,7 +47,6 @@ cdef object _perf_counter = time.perf_counter
 cdef object _UpstreamTimeout = None
 cdef object _UpstreamClosed = None
 cdef object _Silence = None
-cdef object _past_prefill = None
 cdef bytes _KEEPALIVE = b""
 cdef Py_ssize_t _MAX_EVENT = 0
 cdef object _READY = None
@@ -54,21 +54,18 @@ cdef bytes _EMPTY = b""
 
 
 def bind(upstream_timeout not None, upstream_closed not None, silence not None,
-         past_prefill not None, bytes keepalive not None, Py_ssize_t max_event_bytes,
-         ready=None):
+         bytes keepalive not None, Py_ssize_t max_event_bytes, ready=None):
     """Give the relay what it takes from ``motor``: ``UpstreamTimeout`` and
     ``UpstreamClosed`` (the classes the client raises), ``Silence(idle_timeout_s)`` (with
-    ``waited(e)``), ``past_prefill(block) -> bool``, the keep-alive comment (bytes), the
-    largest SSE event relayed (bytes) and ``ready``: what the compiled server's
-    ``Response.drain`` returns while the client's socket takes data (None: every piece
-    wakes the relay's task). Called once at import of the reference's module; again
-    replaces them."""
-    global _UpstreamTimeout, _UpstreamClosed, _Silence, _past_prefill, _KEEPALIVE, _MAX_EVENT
+    ``waited(e)``), the keep-alive comment (bytes), the largest SSE event relayed (bytes)
+    and ``ready``: what the compiled server's ``Response.drain`` returns while the client's
+    socket takes data (None: every piece wakes the relay's task). Called once at import of
+    the reference's module; again replaces them."""
+    global _UpstreamTimeout, _UpstreamClosed, _Silence, _KEEPALIVE, _MAX_EVENT
     global _READY
     _UpstreamTimeout = upstream_timeout
     _UpstreamClosed = upstream_closed
     _Silence = silence
-    _past_prefill = past_prefill
     _KEEPALIVE = keepalive
     _MAX_EVENT = max_event_bytes
     _READY = ready
@@ -113,6 +110,45 @@ cdef Py_ssize_t _count(bytes b, const char *needle, Py_ssize_t k) noexcept:
         else:
             p = q + 1
     return c
+
+
+#: the chat role preamble (``motor.coordinator.routing.base._ROLE_PREAMBLE``)
+cdef bytes _ROLE_PREAMBLE = b'"role":"assistant","content":""'
+
+
+cdef inline bint _blank(char c) noexcept nogil:
+    """``bytes.strip``'s whitespace: space, \\t, \\n, \\r, \\x0b, \\x0c."""
+    return c == 32 or 9 <= c <= 13
+
+
+cdef bint _past_prefill(bytes block) noexcept:
+    """``motor.coordinator.routing.base.past_prefill`` (the reference) in C: whether the
+    block of whole SSE events holds one that is not a keep-alive comment or the chat role
+    preamble."""
+    cdef const char *p = PyBytes_AS_STRING(block)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(block)
+    cdef const char *pre = PyBytes_AS_STRING(_ROLE_PREAMBLE)
+    cdef Py_ssize_t m = PyBytes_GET_SIZE(_ROLE_PREAMBLE)
+    cdef Py_ssize_t i = 0, j, a, b
+    cdef const char *q
+    while i < n:
+        q = <const char *>memmem(p + i, n - i, b"\n\n", 2)
+        j = n if q == NULL else q - p
+        a = i
+        b = j
+        while a < b and _blank(p[a]):
+            a += 1
+        while b > a and _blank(p[b - 1]):
+            b -= 1
+        if a < b and p[a] != 58 and memmem(p + a, b - a, pre, m) == NULL:     # not ':'
+            return True
+        i = j + 2
+    return False
+
+
+def past_prefill(bytes block not None):
+    """:func:`_past_prefill` for Python (tests compare it with the reference)."""
+    return _past_prefill(block)
 
 
 def last_blank_line(bytes b not None):

@@ -110,6 +110,8 @@ def continuable(chat: bool, body: dict[str, Any]) -> str | None:
     tools and structured outputs (parser / grammar state is not resumable), batched
     completion prompts.
     """
+    if body.keys().isdisjoint(_NOT_CONTINUABLE_KEYS):     # the usual request: none of them
+        return _prompt_and_length(chat, body)
     n = body.get("n")
     if n is not None and n != 1:
         return "n > 1"
@@ -129,6 +131,20 @@ def continuable(chat: bool, body: dict[str, Any]) -> str | None:
             or body.get("structured_outputs") or body.get("guided_json") \
             or body.get("guided_regex") or body.get("guided_choice") or body.get("guided_grammar"):
         return "structured output"
+    return _prompt_and_length(chat, body)
+
+
+#: the fields :func:`continuable` reads besides the prompt and the length bound: a body
+#: with none of them is refused only for those two
+_NOT_CONTINUABLE_KEYS = frozenset((
+    "n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs", "echo", "stop", "tools",
+    "functions", "response_format", "structured_outputs", "guided_json", "guided_regex",
+    "guided_choice", "guided_grammar"))
+
+
+def _prompt_and_length(chat: bool, body: dict[str, Any]) -> str | None:
+    """:func:`continuable`'s last checks: a batched completions prompt, a length bound that
+    is not an integer."""
     if not chat:
         p = body.get("prompt")
         if isinstance(p, list) and p and not isinstance(p[0], int):
@@ -149,9 +165,18 @@ def inject_token_ids(raw: bytes, body: dict[str, Any]) -> bytes:
         b = dict(body)
         b["return_token_ids"] = True
         return _dumps(b)
-    i = raw.find(b"{")
-    return raw[:i + 1] + b'"return_token_ids":true,' + raw[i + 1:] if raw[i + 1:].strip()[:1] != b"}" \
-        else raw[:i + 1] + b'"return_token_ids":true' + raw[i + 1:]
+    i = raw.find(b"{") + 1
+    j = i
+    n = len(raw)
+    while j < n and raw[j] in _SPACES:      # no copy of the body to look past the spaces
+        j += 1
+    return b"".join((raw[:i], _WITH_IDS_LAST if j < n and raw[j] == 0x7D else _WITH_IDS,
+                     raw[i:]))
+
+
+_SPACES = frozenset(b" \t\n\r\x0b\x0c")      # bytes.strip's
+_WITH_IDS = b'"return_token_ids":true,'
+_WITH_IDS_LAST = b'"return_token_ids":true'       # in an empty object
 
 
 class StreamRecovery:
@@ -200,7 +225,8 @@ class StreamRecovery:
         if mt is None and not chat:
             mt = COMPLETIONS_DEFAULT_MAX_TOKENS
         self.max_tokens: int | None = mt
-        self.min_tokens = body.get("min_tokens") if isinstance(body.get("min_tokens"), int) else 0
+        mn = body.get("min_tokens")
+        self.min_tokens = mn if isinstance(mn, int) else 0
         #: the first leg's byte scanner (None: JSON path only)
         self.scanner: EventScanner | None = EventScanner(chat, self.client_ids) if scan else None
 

@@ -606,7 +606,7 @@ try:
     from motor._fast import relay as _relay
     from motor._fast.http1 import READY as _READY
     from motor._fast.upstream import UpstreamResponse as _CompiledUp
-    _relay.bind(UpstreamTimeout, UpstreamClosed, Silence, past_prefill, KEEPALIVE,
+    _relay.bind(UpstreamTimeout, UpstreamClosed, Silence, KEEPALIVE,
                 MAX_SSE_EVENT_BYTES, _READY)
     _COMPILED_UP: type | None = _CompiledUp
 except ImportError:     # pragma: no cover - the extensions not built: the reference only

@@ -9,6 +9,9 @@ import asyncio
 import orjson
 import pytest
 
+from hypothesis import given, settings, strategies as st
+
+from motor._fast import relay as crelay
 from motor.config.schema import Role
 from motor.coordinator.endpoints import EndpointState
 from motor.coordinator.routing.base import past_prefill
@@ -68,6 +71,20 @@ def test_endpoint_state_prefill_done_plain_counters():
 ])
 def test_past_prefill(block, past):
     assert past_prefill(block) is past
+    assert crelay.past_prefill(block) is past
+
+
+_EVENT = st.sampled_from([b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}',
+                          b'data: {"choices":[{"delta":{"content":"x"}}]}', b": keep-alive",
+                          b"data: [DONE]", b"", b" \t", b"\x0b:x", b":", b"\x0c",
+                          b'"role":"assistant","content":""', b"event: x"])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(_EVENT, st.binary(max_size=3)), max_size=5), st.booleans())
+def test_the_compiled_past_prefill_is_the_reference(events, blank_end):
+    block = b"\n\n".join(e + pad for e, pad in events) + (b"\n\n" if blank_end else b"")
+    assert crelay.past_prefill(block) is past_prefill(block)
 
 
 @run_async

@@ -35,6 +35,14 @@ def test_retryable_status():
     (True, {"messages": [], "n": 1, "max_tokens": 5, "stop": []}, None),
     (False, {"prompt": [1, 2, 3]}, None),
     (False, {"prompt": ["one"]}, None),
+    (False, {"prompt": "x", "max_tokens": True}, "max_tokens is not an integer"),
+    (True, {"messages": [], "functions": [{"name": "f"}]}, "tools"),
+    (True, {"messages": [], "top_logprobs": 2}, "logprobs"),
+    (False, {"prompt": "x", "prompt_logprobs": 1}, "logprobs"),
+    *[(True, {"messages": [], k: v}, "structured output") for k, v in (
+        ("structured_outputs", {"json": {}}), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
+        ("guided_choice", ["a"]), ("guided_grammar", "g"))],
+    (True, {"messages": [], "response_format": {"type": "text"}, "echo": False}, None),
 ])
 def test_continuable(chat, body, why):
     assert continuable(chat, body) == why
@@ -49,6 +57,9 @@ def test_inject_token_ids():
     assert orjson.loads(inject_token_ids(raw, orjson.loads(raw)))["return_token_ids"] is True
     raw = b'{"return_token_ids":true}'
     assert inject_token_ids(raw, orjson.loads(raw)) is raw
+    for raw in (b"{ \t\r\n}", b' {\n  "a": 1 }', b"{\n}\n"):
+        out = inject_token_ids(raw, orjson.loads(raw))
+        assert orjson.loads(out) == {**orjson.loads(raw), "return_token_ids": True}, out
 
 
 def ev(obj) -> bytes:

@@ -160,7 +160,7 @@ async def _play(relay: Any, steps: list[Any], step_s: float, idle_s: float,
 
 
 def _bind(max_event_bytes: int) -> None:
-    crelay.bind(base.UpstreamTimeout, base.UpstreamClosed, base.Silence, base.past_prefill,
+    crelay.bind(base.UpstreamTimeout, base.UpstreamClosed, base.Silence,
                 base.KEEPALIVE, max_event_bytes, READY)
 
 
