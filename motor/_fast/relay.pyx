@@ -20,7 +20,12 @@ A corked answer (``Response.cork``) is flushed as the reference flushes it, befo
 wait, and after each piece taken in ``data_received``; within one turn of the relay's
 task its writes go out together (its last ones with the caller's ``end``).
 
-This module imports nothing from ``motor``: ``motor.coordinator.routing.base`` hands it,
+A recoverable stream's first leg (``StreamRecovery.scanning``) has its byte scanner
+(:class:`motor._fast.sse.EventScanner`) called from here, as ``StreamRecovery.feed``
+calls it, without a Python frame per piece.
+
+This module imports nothing from ``motor`` outside ``motor._fast``:
+``motor.coordinator.routing.base`` hands it,
 once, with :func:`bind`, the client's exception classes, its ``Silence`` counter, its
 the keep-alive comment, the largest event it relays and the
 server's ready ``drain`` awaitable.
@@ -37,6 +42,7 @@ cdef extern from "string.h" nogil:
     void *memmem(const void *h, size_t hn, const void *needle, size_t nn)
 from cpython.contextvars cimport PyContext_CopyCurrent, PyContext_Enter, PyContext_Exit
 
+from motor._fast.sse cimport EventScanner
 from motor._fast.upstream cimport ChunkSink, UpstreamResponse
 
 import time
@@ -179,6 +185,8 @@ cdef class _Pump(ChunkSink):
     cdef object error            # what a take raised, for the relay to raise
     cdef object drain            # the client's drain a take left to await
     cdef object flush            # a corked answer's flush (Response.cork), or None
+    cdef EventScanner sc         # rec's byte scanner, called here (rec.scanning()), or None
+    cdef list gen                # ... and the list it appends the token ids to
 
     cdef int take(self, bytes data) except -1:
         """In ``data_received``: the piece relayed in the relay's context; 1 while the
@@ -231,7 +239,15 @@ cdef class _Pump(ChunkSink):
                 self.t_tok = _perf_counter()
         resp = self.resp
         if self.rec is not None:
-            fed = self.rec.feed(chunk)
+            if self.sc is not None:             # rec.feed's scanner branch, without its frame
+                fed = self.sc._feed(chunk, self.gen)
+                if fed is None:
+                    fed = self.rec.unscanned(chunk)
+                    self.sc = None              # rec.feed decides for the next blocks
+                elif self.sc.news:
+                    self.rec.took(self.sc)
+            else:
+                fed = self.rec.feed(chunk)
             if not fed:
                 if done_now is not None:
                     done_now()
@@ -276,6 +292,11 @@ async def relay_sse(UpstreamResponse up not None, resp, rec, route, double t0, b
     pump.timing = timing
     pump.tail = _EMPTY
     pump.ctx = PyContext_CopyCurrent() if sink else None
+    scanning = getattr(rec, "scanning", None) if rec is not None else None
+    if scanning is not None:
+        sg = scanning()
+        if sg is not None:
+            pump.sc, pump.gen = sg
     flush = pump.flush = getattr(resp, "flush", None)
     try:
         while True:

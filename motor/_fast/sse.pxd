@@ -175,6 +175,7 @@ cdef class EventScanner:
     cdef int _emit(self, const char *p, Py_ssize_t n) except -1
     cdef int _decide(self, const unsigned char *p, SseEvent *ev, SseState *st,
                      SseCuts *cuts) except -2
+    cdef object _feed(self, bytes block, list gen)
     cdef int _keep(self, const unsigned char *p, Py_ssize_t i, Py_ssize_t e,
                    const SseEvent *ev) except -1
     cdef int _fit(self, const unsigned char *p, Py_ssize_t i, Py_ssize_t e,

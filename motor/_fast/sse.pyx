@@ -919,6 +919,11 @@ cdef class EventScanner:
             fields cut (``data:`` events), dropped events left out, each ended by a blank
             line; ``None`` when an event is not understood (nothing recorded).
         """
+        return self._feed(block, gen)
+
+    cdef object _feed(self, bytes block, list gen):
+        """:meth:`feed` for compiled callers (``motor._fast.relay``): ``block`` and ``gen``
+        not None."""
         cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(block)
         cdef Py_ssize_t n = PyBytes_GET_SIZE(block)
         cdef Py_ssize_t i = 0, e, a, j, pa, pe, k

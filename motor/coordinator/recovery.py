@@ -238,17 +238,39 @@ class StreamRecovery:
             return self._feed_json(block)
         out = sc.feed(block, self.gen)
         if out is None:                 # not understood: the JSON path, then its state back
-            out = self._feed_json(block)
-            sc.sync(role_sent=self.role_sent, ids_missing=self.ids_missing,
-                    blocked=self.blocked is not None, finished=self.finished,
-                    have_id=self.resp_id is not None, have_prompt=self.prompt_ids is not None,
-                    usage_sent=self.usage_sent, done=self.done)
-        elif sc.news:
-            self._took(sc)
+            return self.unscanned(block)
+        if sc.news:
+            self.took(sc)
         return out
 
-    def _took(self, sc: EventScanner) -> None:
-        """The stream state the scanner's last block changed."""
+    def scanning(self) -> tuple[EventScanner, list[int]] | None:
+        """``(scanner, gen)`` while :meth:`feed` hands blocks to the byte scanner (the first
+        leg; nothing the JSON path must rewrite), else ``None``.
+
+        A compiled relay may then do :meth:`feed`'s work itself, block by block, without a
+        Python call per block: ``out = scanner.feed(block, gen)``; when ``out`` is
+        ``None``, ``out = self.unscanned(block)`` and every later block goes to
+        :meth:`feed` (which decides again); otherwise, when ``scanner.news``,
+        :meth:`took` ``(scanner)``."""
+        sc = self.scanner
+        if sc is None or self.leg or self.recomputed or self.engine_error is not None:
+            return None
+        return sc, self.gen
+
+    def unscanned(self, block: bytes) -> bytes:
+        """A block the scanner gave back (``None``: not understood, nothing recorded)
+        through the JSON path; the state it leaves copied into the scanner."""
+        out = self._feed_json(block)
+        sc = self.scanner
+        assert sc is not None
+        sc.sync(role_sent=self.role_sent, ids_missing=self.ids_missing,
+                blocked=self.blocked is not None, finished=self.finished,
+                have_id=self.resp_id is not None, have_prompt=self.prompt_ids is not None,
+                usage_sent=self.usage_sent, done=self.done)
+        return out
+
+    def took(self, sc: EventScanner) -> None:
+        """The stream state the scanner's last block changed (``sc.news``)."""
         self.role_sent = sc.role_sent
         self.ids_missing = sc.ids_missing
         if sc.blocked and self.blocked is None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from motor._fast import relay as crelay
 from motor._fast.http1 import READY
+from motor.coordinator.recovery import StreamRecovery
 from motor.coordinator.routing import base
 from motor.http.client import COMPILED_POOL
 
@@ -113,9 +115,11 @@ class _Timing:
 
 
 async def _play(relay: Any, steps: list[Any], step_s: float, idle_s: float,
-                with_rec: bool, drains: str = "coroutine") -> tuple[list[Any], int]:
+                with_rec: bool, drains: str = "coroutine",
+                rec: Any = None) -> tuple[list[Any], int]:
     """The relay's calls over the scripted answer, and the pieces the connection's sink
-    took (``UpstreamResponse.pumped``)."""
+    took (``UpstreamResponse.pumped``). ``rec``: the feed (default: ``_Rec`` when
+    ``with_rec``)."""
     ended = asyncio.Event()
 
     async def engine(rd: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
@@ -143,7 +147,9 @@ async def _play(relay: Any, steps: list[Any], step_s: float, idle_s: float,
     try:
         up = await pool.request(b"POST", b"/v1/chat/completions", b"{}", [],
                                 first_byte_timeout_s=2.0, idle_timeout_s=step_s)
-        err, wrote = await relay(up, _Resp(log, drains), _Rec(log) if with_rec else None,
+        if rec is None and with_rec:
+            rec = _Rec(log)
+        err, wrote = await relay(up, _Resp(log, drains), rec,
                                  _Route(log), 0.0, True, idle_s,
                                  on_first=lambda: log.append(("first",)),
                                  on_prefill_done=lambda: log.append(("prefill_done",)),
@@ -214,3 +220,51 @@ def test_the_relays_block_cut_is_rfind(b: bytes) -> None:
 @given(BYTES, st.sampled_from([b"data:", b"[DONE]", b"\n", b"aa"]))
 def test_the_relays_event_count_is_count(b: bytes, needle: bytes) -> None:
     assert crelay.count(b, needle) == b.count(needle)
+
+
+def _vllm(content: str, ids: list[int], finish: str | None = None, odd: bool = False) -> bytes:
+    """A vLLM chat chunk; ``odd``: with a number the byte scanner does not read (an
+    exponent of 3 digits: it gives the block back to the JSON path)."""
+    c = {"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": finish,
+         "token_ids": ids}
+    ev = orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 5,
+                       "model": "m", "choices": [c]})
+    return b"data: " + (b'{"x":1e100,' + ev[1:] if odd else ev) + b"\n\n"
+
+
+#: a recoverable stream's first leg (vLLM chunks with token ids): every piece the byte
+#: scanner takes; one it gives back (a number it does not read: the JSON path) mid-stream
+RECOVERABLE = {
+    "scanned": [chunk(_vllm("", [])), 0.01, chunk(_vllm("a", [1])), 0.01,
+                chunk(_vllm("b", [2]) + _vllm("c", [3])), 0.01,
+                chunk(_vllm("", [4], "length") + DONE), END],
+    "given-back": [chunk(_vllm("a", [1])), 0.01, chunk(_vllm("b", [2], odd=True)),
+                   0.01, chunk(_vllm("c", [3])), 0.01, chunk(_vllm("", [4], "stop") + DONE),
+                   END],
+    "broken": [chunk(_vllm("a", [1])), 0.01, chunk(_vllm("b", [2])), 0.01, "close"],
+}
+
+
+@pytest.mark.parametrize("drains", DRAINS)
+@pytest.mark.parametrize("case", sorted(RECOVERABLE))
+def test_a_recoverable_stream_reads_the_same_through_both_relays(case: str,
+                                                                drains: str) -> None:
+    """The compiled relay calls the first leg's scanner itself (``scanning``): the client
+    gets the same bytes and the recovery the same state as through ``rec.feed``."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    steps = [HEAD, *RECOVERABLE[case]]
+    recs = [StreamRecovery(True, body), StreamRecovery(True, body)]
+    ref, _ = asyncio.run(_play(base.relay_sse_py, steps, 1.0, 5.0, True, drains, recs[0]))
+    got, _ = asyncio.run(_play(crelay.relay_sse, steps, 1.0, 5.0, True, drains, recs[1]))
+    assert _merged(got) == _merged(ref)
+    assert got[-1] == ref[-1]
+    a, b = (_rec_state(r) for r in recs)
+    assert a == b
+    assert a["gen"] == ([1, 2] if case == "broken" else [1, 2, 3, 4])
+    assert (recs[1].scanner.fallbacks == 1) == (case == "given-back")
+    assert b"token_ids" not in _merged(got)[0]
+
+
+def _rec_state(r: StreamRecovery) -> dict[str, Any]:
+    return {k: getattr(r, k) for k in ("gen", "finished", "done", "finish_reason", "resp_id",
+                                       "role_sent", "ids_missing")} | {"leg_end": r.leg_end()}
