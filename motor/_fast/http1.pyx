@@ -895,6 +895,12 @@ cdef class HttpProtocol:
                     resp.send(500, _error_body(500, "internal error in motor"))
                 elif not resp.finished:
                     resp.abort()
+                cb = server.on_handler_error     # (motor.http.server.handler_failed)
+                if cb is not None:
+                    try:
+                        cb(req)
+                    except Exception:
+                        _logger.exception("on_handler_error failed for %s", req.path)
             finally:
                 server.inflight -= 1
                 if not resp.finished and not self.closed:

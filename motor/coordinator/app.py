@@ -119,6 +119,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                         keepalive_timeout_s=c.keepalive_timeout_s,
                         send_timeout_s=c.send_timeout_s)
     server.expect_check = coord.expect_check
+    server.on_handler_error = coord.handler_failed
     port = await server.listen(c.host, c.port, reuse_port=reuse_port, tls=server_tls)
     mode = f"standalone, {len(backends)} backend(s)" if backends else \
         f"following controller {controller_url or ', '.join(cfg.controller.urls)}"

@@ -66,6 +66,8 @@ class Coordinator:
         self.edge = Edge(cfg, self.settings.env_keys, share=1.0 / cfg.workers,
                          rate_table=rate_table, worker=worker_index)
         self._inference_paths: set[str] = set()
+        #: the inference routes by path (:meth:`handler_failed`)
+        self._routes: dict[str, Route] = {}
         #: tracing and the access log (motor.coordinator.observe); None: both off
         self.observer: Observer | None = observer(cfg)
         self.edge.observed = self.observer is not None
@@ -120,6 +122,7 @@ class Coordinator:
         (API key, rate limit, admission: :mod:`motor.coordinator.edge`) when any of it is on;
         otherwise no wrapper coroutine is added."""
         self._inference_paths.add(route.path.decode())
+        self._routes[route.path.decode()] = route
         if not self.edge.active:
             inner: Handler = functools.partial(path.handle, route)
         else:
@@ -127,6 +130,14 @@ class Coordinator:
         if self.observer is None:
             return inner
         return functools.partial(self.observer.serve, route, inner)
+
+    def handler_failed(self, req: Request) -> None:
+        """``HttpServer.on_handler_error``: an inference request's handler raised (the
+        server answered 500, or cut a stream already started): counted as a 500 in
+        ``motor_coordinator_requests_total``, as every other answer is."""
+        route = self._routes.get(req.path)
+        if route is not None:
+            route.count(500)
 
     def close(self) -> None:
         """The worker stops: spans still queued are exported (tracing)."""

@@ -557,6 +557,7 @@ class HttpProtocol(asyncio.Protocol):
                 resp.send(500, error_body(500, "internal error in motor"))
             elif not resp.finished:
                 resp.abort()
+            handler_failed(self._server, req)
         finally:
             self._server.inflight -= 1
             if not resp.finished and not self.closed:
@@ -681,6 +682,17 @@ PROTOCOL: type[asyncio.Protocol] = COMPILED_PROTOCOL if COMPILED and COMPILED_PR
     is not None else HttpProtocol
 
 
+def handler_failed(server: HttpServer, req: Request) -> None:
+    """Tell ``server.on_handler_error`` (when set) that ``req``'s handler raised; what that
+    callback raises is logged, not raised."""
+    cb = server.on_handler_error
+    if cb is not None:
+        try:
+            cb(req)
+        except Exception:
+            logger.exception("on_handler_error failed for %s", req.path)
+
+
 class HttpServer:
     """An HTTP/1.1 server around one handler.
 
@@ -709,6 +721,9 @@ class HttpServer:
         #: gateway refuses a missing API key or an exhausted rate limit before the upload)
         self.expect_check: Callable[[bytes, list[tuple[bytes, bytes]]],
                                     tuple[int, bytes, Headers] | None] | None = None
+        #: ``(request)``: a handler raised, and the server answered 500 (or cut an answer
+        #: already started); the coordinator counts it in its requests metric
+        self.on_handler_error: Callable[[Request], object] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.loop_time = time.monotonic
         #: ``protocol(server)`` for every accepted connection (:data:`PROTOCOL` at creation)

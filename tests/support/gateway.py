@@ -44,6 +44,7 @@ class Gateway:
         self.server = HttpServer(self.coord.router, max_body_bytes=self.cfg.max_body_bytes,
                                  send_timeout_s=self.cfg.send_timeout_s)
         self.server.expect_check = self.coord.expect_check
+        self.server.on_handler_error = self.coord.handler_failed
         self.probe = StaticBackends(self.table, self.cfg.health_check_interval_s,
                                     self.cfg.health_check_timeout_s, self.cfg.health_failures) \
             if probe else None
