@@ -127,6 +127,23 @@ cdef inline bint _blank(char c) noexcept nogil:
     return c == 32 or 9 <= c <= 13
 
 
+cdef bint _has_preamble(const char *p, Py_ssize_t n, const char *pre,
+                        Py_ssize_t m) noexcept nogil:
+    """Whether ``pre`` (the role preamble, ``"r...``) is in ``p[:n]``: ``memchr`` for its
+    ``r`` (rare in an event: glibc's ``memmem`` cost ~1.7 k instructions an event), then
+    the compare."""
+    cdef const char *q = p + 1
+    cdef const char *last = p + n - m + 2      # one past the last place its "r" can be
+    while q < last:
+        q = <const char *>memchr(q, pre[1], last - q)
+        if q == NULL:
+            return False
+        if memcmp(q - 1, pre, m) == 0:
+            return True
+        q += 1
+    return False
+
+
 cdef bint _past_prefill(bytes block) noexcept:
     """``motor.coordinator.routing.base.past_prefill`` (the reference) in C: whether the
     block of whole SSE events holds one that is not a keep-alive comment or the chat role
@@ -146,7 +163,7 @@ cdef bint _past_prefill(bytes block) noexcept:
             a += 1
         while b > a and _blank(p[b - 1]):
             b -= 1
-        if a < b and p[a] != 58 and memmem(p + a, b - a, pre, m) == NULL:     # not ':'
+        if a < b and p[a] != 58 and not _has_preamble(p + a, b - a, pre, m):   # not ':'
             return True
         i = j + 2
     return False
