@@ -31,6 +31,7 @@ Needs ``valgrind`` and ``callgrind_control`` (Debian package ``valgrind``).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import subprocess
@@ -84,7 +85,8 @@ def run_stage(stage: str, n: int, tokdir: str) -> None:
             info = RequestInfo("m", 1, 16)
             pol.prepare(info, "chat", b)
             infos.append(info)
-    _toggle("on")
+    if stage not in ("pick", "routed"):
+        _toggle("on")
     if stage == "key":
         for b in todo:
             toks.warm("chat", b)
@@ -108,10 +110,23 @@ def run_stage(stage: str, n: int, tokdir: str) -> None:
         for u in turns:
             tok.encode_piece(u)
     else:
-        for info in infos:
-            ep = pol.pick(eps, info)
-            if stage == "routed" and ep is not None:
-                pol.routed(ep, info)
+        # on a running loop, as in the coordinator: ``KvRouter.update_gauges`` (called by
+        # ``routed``) schedules its trailing refresh there once per 0.5 s; without a loop it
+        # raised and caught a RuntimeError on every call (~1.5 k instructions)
+        # (the loop made and closed outside the count)
+        async def decide() -> None:
+            _toggle("on")
+            for info in infos:
+                ep = pol.pick(eps, info)
+                if stage == "routed" and ep is not None:
+                    pol.routed(ep, info)
+            _toggle("off")
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(decide())
+        finally:
+            loop.close()
+        return
     _toggle("off")
 
 
