@@ -75,8 +75,19 @@ def test_chat_continues_exactly_as_a_completion_of_its_token_ids(tmp_path: Path)
                 time.sleep(1)
         chat = {"model": "tiny", "messages": [{"role": "user", "content": "tell me a story"}],
                 "stream": True, "max_tokens": 30, "temperature": 0, "ignore_eos": True}
-        ev = sse(post(port, "/v1/chat/completions", dict(chat, return_token_ids=True)))
+        raw = post(port, "/v1/chat/completions", dict(chat, return_token_ids=True))
+        ev = sse(raw)
         prompt_ids = next(e["prompt_token_ids"] for e in ev if e.get("prompt_token_ids"))
+        # the engine's own bytes through the byte scanner, an event a block: its chunks
+        # repeat one shape but for text and ids, so nearly all are read from it
+        # (EventScanner shapes), and what the client gets and the ids recorded are the
+        # JSON path's
+        fast, slow = StreamRecovery(True, chat), StreamRecovery(True, chat, scan=False)
+        for b in (x + b"\n\n" for x in raw.split(b"\n\n") if x.strip()):
+            assert sse(fast.feed(b)) == sse(slow.feed(b)), b
+        assert fast.gen == slow.gen and len(fast.gen) == 30
+        assert fast.scanner is not None and fast.scanner.fallbacks == 0
+        assert fast.scanner.shaped >= 30 - 4, (fast.scanner.shaped, raw[:600])
         ids: list[int] = []
         text = ""
         for e in ev:
