@@ -122,17 +122,21 @@ def stream(draw):
         raw.insert(draw(st.integers(0, len(raw))), b": keep-alive\n\n")
     if draw(st.booleans()):
         raw.append(b"data: [DONE]\n\n")
-    # blocks: consecutive events
+    return chat_mode, draw(st.booleans()), _in_blocks(draw, raw)
+
+
+def _in_blocks(draw, raw: list[bytes]) -> list[bytes]:
+    """``raw`` (events) cut into blocks of consecutive events at drawn places."""
     cuts = sorted(draw(st.sets(st.integers(1, max(1, len(raw) - 1)), max_size=len(raw))))
     blocks, last = [], 0
     for c in cuts + [len(raw)]:
         if c > last:
             blocks.append(b"".join(raw[last:c]))
             last = c
-    return chat_mode, draw(st.booleans()), blocks
+    return blocks
 
 
-def _revalue(obj: dict, chat_mode: bool, text, ids, keep_ids: bool) -> dict:
+def _revalue(obj: dict, chat_mode: bool, text, ids) -> dict:
     """``obj`` (one chunk) with its choice's text and token ids replaced, key order kept."""
     out = dict(obj)
     choices = out.get("choices")
@@ -144,7 +148,7 @@ def _revalue(obj: dict, chat_mode: bool, text, ids, keep_ids: bool) -> dict:
             c["delta"] = {**c["delta"], "content": text}
     elif "text" in c:
         c["text"] = text
-    if "token_ids" in c and keep_ids:
+    if "token_ids" in c:
         c["token_ids"] = ids
     out["choices"] = [c]
     return out
@@ -162,16 +166,10 @@ def shaped_stream(draw):
     for _ in range(draw(st.integers(2, 12))):
         text = draw(st.one_of(_text, _text, _text, st.none()))
         ids = draw(st.one_of(_ids, _ids, _ids, st.none()))
-        ev = _revalue(base, chat_mode, text, ids, True)
+        ev = _revalue(base, chat_mode, text, ids)
         if draw(st.integers(0, 7)) == 0:
             ev = draw(chunk(chat_mode))             # another shape
         raw.append(data(ev, spaced if draw(st.integers(0, 7)) else not spaced))
     if draw(st.booleans()):
         raw.append(b"data: [DONE]\n\n")
-    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(raw) - 1)), max_size=len(raw))))
-    blocks, last = [], 0
-    for c in cuts + [len(raw)]:
-        if c > last:
-            blocks.append(b"".join(raw[last:c]))
-            last = c
-    return chat_mode, draw(st.booleans()), blocks
+    return chat_mode, draw(st.booleans()), _in_blocks(draw, raw)
