@@ -25,10 +25,9 @@ A recoverable stream's first leg (``StreamRecovery.scanning``) has its byte scan
 calls it, without a Python frame per piece.
 
 This module imports nothing from ``motor`` outside ``motor._fast``:
-``motor.coordinator.routing.base`` hands it,
-once, with :func:`bind`, the client's exception classes, its ``Silence`` counter, its
-the keep-alive comment, the largest event it relays and the
-server's ready ``drain`` awaitable.
+``motor.coordinator.routing.base`` hands it, once, with :func:`bind`, the client's
+exception classes, its ``Silence`` counter, the keep-alive comment, the largest event it
+relays and the server's ready ``drain`` awaitable.
 """
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
