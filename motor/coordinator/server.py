@@ -65,8 +65,7 @@ class Coordinator:
         #: through ``rate_table`` (``share``: a worker's part of a limit it counts alone)
         self.edge = Edge(cfg, self.settings.env_keys, share=1.0 / cfg.workers,
                          rate_table=rate_table, worker=worker_index)
-        self._inference_paths: set[str] = set()
-        #: the inference routes by path (:meth:`handler_failed`)
+        #: the inference routes by path (:meth:`expect_check`, :meth:`handler_failed`)
         self._routes: dict[str, Route] = {}
         #: tracing and the access log (motor.coordinator.observe); None: both off
         self.observer: Observer | None = observer(cfg)
@@ -113,7 +112,7 @@ class Coordinator:
         if not target.startswith(b"/"):
             target = origin_form(b"POST", target) or b""
         path = target.partition(b"?")[0]
-        if path.decode("latin-1") not in self._inference_paths:
+        if path.decode("latin-1") not in self._routes:
             return None
         return self.edge.early_refusal(headers)
 
@@ -121,7 +120,6 @@ class Coordinator:
         """The handler of an inference route: ``path.handle`` for ``route``, behind the edge
         (API key, rate limit, admission: :mod:`motor.coordinator.edge`) when any of it is on;
         otherwise no wrapper coroutine is added."""
-        self._inference_paths.add(route.path.decode())
         self._routes[route.path.decode()] = route
         if not self.edge.active:
             inner: Handler = functools.partial(path.handle, route)
