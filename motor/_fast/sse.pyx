@@ -40,244 +40,15 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 from motor._fast._common cimport MOTOR_DEBUG, mf_likely, mf_unlikely
+from motor._fast.jsongrammar cimport (CH_0, CH_1, CH_9, CH_BACKSLASH, CH_COLON, CH_COMMA,
+                                        CH_LBRACE, CH_LBRACKET, CH_LF, CH_QUOTE, CH_RBRACE,
+                                        CH_RBRACKET, json_skip, json_string, json_ws)
 
 #: True when compiled with ``-DMOTOR_DEBUG=1``.
 DEBUG = bool(MOTOR_DEBUG)
 
 
-cdef enum:                   # bytes of the grammar
-    CH_TAB = 9
-    CH_LF = 10
-    CH_CR = 13
-    CH_SPACE = 32
-    CH_QUOTE = 34
-    CH_PLUS = 43
-    CH_COMMA = 44
-    CH_MINUS = 45
-    CH_DOT = 46
-    CH_SLASH = 47
-    CH_0 = 48
-    CH_1 = 49
-    CH_9 = 57
-    CH_COLON = 58
-    CH_UPPER_E = 69
-    CH_LBRACKET = 91
-    CH_BACKSLASH = 92
-    CH_RBRACKET = 93
-    CH_LOWER_E = 101
-    CH_LBRACE = 123
-    CH_RBRACE = 125
-
-
-# -- the grammar ------------------------------------------------------------------------
-#: 1 for JSON's whitespace bytes (space, tab, CR, LF): one table read a byte, where four
-#: comparisons were made for every byte that is not whitespace (nearly all of them)
-cdef unsigned char _WSP[256]
-memset(_WSP, 0, 256)
-_WSP[CH_SPACE] = _WSP[CH_TAB] = _WSP[CH_CR] = _WSP[CH_LF] = 1
-
-
-cdef inline Py_ssize_t _ws(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
-    while i < n and _WSP[p[i]]:
-        i += 1
-    return i
-
-
-cdef inline int _hex(unsigned char c) noexcept nogil:
-    if CH_0 <= c <= CH_9:
-        return c - CH_0
-    if 97 <= c <= 102:       # a-f
-        return c - 87
-    if 65 <= c <= 70:        # A-F
-        return c - 55
-    return -1
-
-
-cdef inline int _utf8(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
-    """Length of the valid UTF-8 sequence that starts with the byte >= 0x80 at ``i``; 0
-    when it is not one (overlong, surrogate, above U+10FFFF, truncated)."""
-    cdef unsigned char c = p[i]
-    cdef unsigned char lo = 0x80, hi = 0xBF
-    cdef int k, j
-    if 0xC2 <= c <= 0xDF:
-        k = 2
-    elif 0xE0 <= c <= 0xEF:
-        k = 3
-        if c == 0xE0:
-            lo = 0xA0
-        elif c == 0xED:
-            hi = 0x9F
-    elif 0xF0 <= c <= 0xF4:
-        k = 4
-        if c == 0xF0:
-            lo = 0x90
-        elif c == 0xF4:
-            hi = 0x8F
-    else:
-        return 0
-    if i + k > n:
-        return 0
-    if not (lo <= p[i + 1] <= hi):
-        return 0
-    for j in range(2, k):
-        if not (0x80 <= p[i + j] <= 0xBF):
-            return 0
-    return k
-
-
-#: 1 for the bytes a string takes as they are (printable ASCII but ``"`` and ``\\``): the
-#: string scan skips runs of them with one table read a byte
-cdef unsigned char _PLAIN[256]
-cdef int _b
-for _b in range(256):
-    _PLAIN[_b] = 1 if 0x20 <= _b < 0x80 and _b != CH_QUOTE and _b != CH_BACKSLASH else 0
-
-
-cdef Py_ssize_t _string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
-                        bint *esc) noexcept nogil:
-    """``p[i]`` is a string's opening quote: the offset after its closing quote, -1 when
-    it is not a valid string (or escapes a surrogate). ``esc`` is set when it has an
-    escape. ``p[n]`` must not be a plain byte (``_PLAIN``): every caller's ``n`` is an
-    event's end, where the block holds its ``\n`` or the NUL a ``bytes`` object ends with,
-    so the run of plain bytes needs no bound check a byte."""
-    cdef unsigned char c
-    cdef int u, h, k, j
-    i += 1
-    while True:
-        while _PLAIN[p[i]]:     # the run of plain bytes (the common case: all of it)
-            i += 1
-        if i >= n:
-            return -1
-        c = p[i]
-        if c == CH_QUOTE:
-            return i + 1
-        if c == CH_BACKSLASH:
-            esc[0] = True
-            if i + 1 >= n:
-                return -1
-            c = p[i + 1]
-            if c == 117:     # \uXXXX
-                if i + 5 >= n:
-                    return -1
-                u = 0
-                for j in range(2, 6):
-                    h = _hex(p[i + j])
-                    if h < 0:
-                        return -1
-                    u = (u << 4) | h
-                if 0xD800 <= u <= 0xDFFF:
-                    return -1
-                i += 6
-            elif (c == CH_QUOTE or c == CH_BACKSLASH or c == CH_SLASH or c == 98 or c == 102
-                  or c == 110 or c == 114 or c == 116):     # " \ / b f n r t
-                i += 2
-            else:
-                return -1
-        elif c < 0x20:
-            return -1
-        elif c < 0x80:
-            i += 1
-        else:
-            k = _utf8(p, i, n)
-            if k == 0:
-                return -1
-            i += k
-
-
-cdef Py_ssize_t _number(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
-    """A JSON number at ``i``: the offset after it, -1 when invalid or outside what the
-    scanner takes (integer part over 18 digits, exponent over 2 digits)."""
-    cdef Py_ssize_t s
-    if i < n and p[i] == CH_MINUS:
-        i += 1
-    if i >= n:
-        return -1
-    if p[i] == CH_0:
-        i += 1
-    elif CH_1 <= p[i] <= CH_9:
-        s = i
-        while i < n and CH_0 <= p[i] <= CH_9:
-            i += 1
-        if i - s > SSE_MAX_INT_DIGITS:
-            return -1
-    else:
-        return -1
-    if i < n and p[i] == CH_DOT:
-        i += 1
-        s = i
-        while i < n and CH_0 <= p[i] <= CH_9:
-            i += 1
-        if i == s:
-            return -1
-    if i < n and (p[i] == CH_LOWER_E or p[i] == CH_UPPER_E):
-        i += 1
-        if i < n and (p[i] == CH_PLUS or p[i] == CH_MINUS):
-            i += 1
-        s = i
-        while i < n and CH_0 <= p[i] <= CH_9:
-            i += 1
-        if i == s or i - s > 2:
-            return -1
-    return i
-
-
-cdef inline Py_ssize_t _literal(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
-                                const char *word, Py_ssize_t k) noexcept nogil:
-    if i + k <= n and memcmp(p + i, word, k) == 0:
-        return i + k
-    return -1
-
-
-cdef Py_ssize_t _skip(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
-                      int depth) noexcept nogil:
-    """Any JSON value at ``i``: the offset after it, -1 when invalid (or nested deeper than
-    ``SSE_MAX_DEPTH``)."""
-    cdef unsigned char c, close
-    cdef bint esc = False
-    if i >= n:
-        return -1
-    c = p[i]
-    if c == CH_QUOTE:
-        return _string(p, i, n, &esc)
-    if c == CH_LBRACE or c == CH_LBRACKET:
-        if depth >= SSE_MAX_DEPTH:
-            return -1
-        close = CH_RBRACE if c == CH_LBRACE else CH_RBRACKET
-        i = _ws(p, i + 1, n)
-        if i < n and p[i] == close:
-            return i + 1
-        while True:
-            if c == CH_LBRACE:
-                if i >= n or p[i] != CH_QUOTE:
-                    return -1
-                i = _string(p, i, n, &esc)
-                if i < 0:
-                    return -1
-                i = _ws(p, i, n)
-                if i >= n or p[i] != CH_COLON:
-                    return -1
-                i = _ws(p, i + 1, n)
-            i = _skip(p, i, n, depth + 1)
-            if i < 0:
-                return -1
-            i = _ws(p, i, n)
-            if i >= n:
-                return -1
-            if p[i] == CH_COMMA:
-                i = _ws(p, i + 1, n)
-                continue
-            if p[i] == close:
-                return i + 1
-            return -1
-    if c == CH_MINUS or CH_0 <= c <= CH_9:
-        return _number(p, i, n)
-    if c == 116:
-        return _literal(p, i, n, b"true", 4)
-    if c == 102:
-        return _literal(p, i, n, b"false", 5)
-    if c == 110:
-        return _literal(p, i, n, b"null", 4)
-    return -1
+# -- the grammar: motor._fast.jsongrammar -------------------------------------------
 
 
 cdef inline int _kind(unsigned char c) noexcept nogil:
@@ -365,7 +136,7 @@ cdef Py_ssize_t _ints(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
     after the array, -1 when it holds anything else."""
     cdef int64_t v
     cdef Py_ssize_t s
-    i = _ws(p, i + 1, n)
+    i = json_ws(p, i + 1, n)
     if i < n and p[i] == CH_RBRACKET:
         return i + 1
     while True:
@@ -385,11 +156,11 @@ cdef Py_ssize_t _ints(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
         else:
             return -1
         _push(out, v)
-        i = _ws(p, i, n)
+        i = json_ws(p, i, n)
         if i >= n:
             return -1
         if p[i] == CH_COMMA:
-            i = _ws(p, i + 1, n)
+            i = json_ws(p, i + 1, n)
             continue
         if p[i] == CH_RBRACKET:
             return i + 1
@@ -411,7 +182,7 @@ cdef Py_ssize_t _object(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, SseO
     cdef bint esc
     cdef unsigned char c
     _reset(o)
-    i = _ws(p, i + 1, n)
+    i = json_ws(p, i + 1, n)
     if i < n and p[i] == CH_RBRACE:
         return i + 1
     while True:
@@ -419,7 +190,7 @@ cdef Py_ssize_t _object(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, SseO
             return -1
         ks = i
         esc = False
-        i = _string(p, i, n, &esc)
+        i = json_string(p, i, n, &esc)
         if i < 0 or esc:                  # an escaped key could spell a known one
             return -1
         key = _key(level, p + ks + 1, i - ks - 2)
@@ -430,16 +201,16 @@ cdef Py_ssize_t _object(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, SseO
             if o.at[key] >= 0 and key != SSE_KEY_REASONING:
                 return -1                 # a duplicated known key: the last one counts
             o.at[key] = m
-        i = _ws(p, i, n)
+        i = json_ws(p, i, n)
         if i >= n or p[i] != CH_COLON:
             return -1
-        i = _ws(p, i + 1, n)
+        i = json_ws(p, i + 1, n)
         if i >= n:
             return -1
         vs = i
         c = p[i]
         if key == SSE_KEY_CHOICES and c == CH_LBRACKET:
-            i = _ws(p, i + 1, n)
+            i = json_ws(p, i + 1, n)
             if i < n and p[i] == CH_RBRACKET:
                 ev.choices = SSE_CHOICES_EMPTY
                 i += 1
@@ -447,7 +218,7 @@ cdef Py_ssize_t _object(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, SseO
                 i = _object(p, i, n, &ev.choice, SSE_LEVEL_CHOICE, ev, ids, pids)
                 if i < 0:
                     return i
-                i = _ws(p, i, n)
+                i = json_ws(p, i, n)
                 if i >= n or p[i] != CH_RBRACKET:
                     return -1             # several choices (or not an array)
                 ev.choices = SSE_CHOICES_ONE
@@ -470,7 +241,7 @@ cdef Py_ssize_t _object(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, SseO
                 i = _ints(p, i, n, pids)
                 ev.cp_b = pids.n
         else:
-            i = _skip(p, i, n, 1)
+            i = json_skip(p, i, n, 1)
         if i < 0:
             return i
         o.m[m].key = ks
@@ -478,11 +249,11 @@ cdef Py_ssize_t _object(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, SseO
         o.m[m].vend = i
         o.m[m].kind = _kind(c)
         o.n = m + 1
-        i = _ws(p, i, n)
+        i = json_ws(p, i, n)
         if i >= n:
             return -1
         if p[i] == CH_COMMA:
-            i = _ws(p, i + 1, n)
+            i = json_ws(p, i + 1, n)
             continue
         if p[i] == CH_RBRACE:
             return i + 1
@@ -761,7 +532,7 @@ cdef class EventScanner:
                 return 0
             pos += seg
             if s.kind[k] == SSE_KIND_STRING:
-                end = _string(p, pos, e, &esc) if p[pos] == CH_QUOTE else -1
+                end = json_string(p, pos, e, &esc) if p[pos] == CH_QUOTE else -1
             else:
                 end = _ints(p, pos, e, &self._ids) if p[pos] == CH_LBRACKET else -1
             if end < 0:
@@ -975,10 +746,10 @@ cdef class EventScanner:
             if e - i < 5 or memcmp(p + i, b"data:", 5) != 0:
                 act = SSE_PASS                      # a comment or another field
             else:
-                pa = _ws(p, i + 5, e)
+                pa = json_ws(p, i + 5, e)
                 if pa < e and p[pa] == CH_LBRACKET:
                     if not (pa + 6 <= e and memcmp(p + pa, b"[DONE]", 6) == 0
-                            and _ws(p, pa + 6, e) == e and st.finished):
+                            and json_ws(p, pa + 6, e) == e and st.finished):
                         self.fallbacks += 1         # [DONE] before the finish (or not it)
                         return None
                     st.done = True
@@ -1000,7 +771,7 @@ cdef class EventScanner:
                         _reset(&ev.delta)
                         pe = _object(p, pa, e, &ev.top, SSE_LEVEL_TOP, &ev, &self._ids,
                                      &self._pids)
-                        if pe < 0 or _ws(p, pe, e) != e:
+                        if pe < 0 or json_ws(p, pe, e) != e:
                             self.fallbacks += 1
                             return None
                     act = self._decide(p, &ev, &st, &cuts)

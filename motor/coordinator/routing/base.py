@@ -6,7 +6,8 @@
 * :class:`Route`: one inference route (``/v1/chat/completions`` ...) with its metric
   children resolved once;
 * :class:`RequestPath`: the interface of a mode's request path, ``handle(route, req, resp)``;
-* :func:`parse_request` -> :class:`Parsed`: the body parsed once, ``X-Request-Id``, the
+* :func:`parse_request` -> :class:`Parsed`: the body checked once (scanned in place,
+  :mod:`motor._fast.reqscan`, and parsed on first use; or parsed), ``X-Request-Id``, the
   headers forwarded upstream (:data:`FORWARD_HEADERS`, the client's credential or the
   worker key), the size estimate policies and load accounting use;
 * engine answers: :func:`note_status` / :func:`transport_failed` (breaker and metrics),
@@ -25,6 +26,7 @@ from typing import Any, ClassVar, Protocol
 import orjson
 
 from motor._fast.reqid import RequestIds
+from motor._fast.reqscan import scan_request
 from motor.config.schema import CoordinatorConfig, EngineKind, Role
 from motor.coordinator import metrics
 from motor.coordinator.endpoints import EndpointState
@@ -208,36 +210,55 @@ class RequestPath:
 class Parsed:
     """One inference request as parsed once (:func:`parse_request`).
 
-    ``fwd``: headers for the engines (with ``x-request-id``); ``rid_header``: the
-    ``X-Request-Id`` header of motor's answer; ``max_tokens``: :func:`max_tokens_of` (0
+    ``body``: the JSON body as a dict, parsed on first use when :func:`parse_request` read
+    what it needs from the bytes (:func:`motor._fast.reqscan.scan_request`; a round-robin
+    request answered whole never parses it). ``fwd``: headers for the engines (with
+    ``x-request-id``); ``rid_header``: the ``X-Request-Id`` header of motor's answer;
+    ``stream``: the body's ``stream`` is ``true``; ``max_tokens``: :func:`max_tokens_of` (0
     when absent); ``t0``: ``time.perf_counter()`` at arrival; ``session``: the session
     header's value (``coordinator.kv.session.header``) or None.
     """
 
-    __slots__ = ("raw", "body", "model", "fwd", "rid", "rid_header", "stream", "max_tokens",
+    __slots__ = ("raw", "_body", "model", "fwd", "rid", "rid_header", "stream", "max_tokens",
                  "t0", "session")
 
     #: the request's observation record (:class:`ObservedParsed`); ``None``: not observed
     obs: Obs | None = None
 
-    def __init__(self, raw: bytes, body: dict[str, Any], model: str | None,
-                 fwd: list[tuple[bytes, bytes]], rid: bytes, chat: bool, t0: float) -> None:
+    def __init__(self, raw: bytes, body: dict[str, Any] | None, model: str | None,
+                 fwd: list[tuple[bytes, bytes]], rid: bytes, chat: bool, t0: float,
+                 stream: bool = False, max_tokens: int = 0) -> None:
+        """``body`` ``None``: not parsed yet (``raw`` is valid JSON, ``stream`` and
+        ``max_tokens`` as read from it); else they are read from ``body``."""
         self.raw = raw
-        self.body = body
+        self._body = body
         self.model = model
         self.fwd = fwd
         self.rid = rid
         self.rid_header: Headers = ((b"x-request-id", rid),)
-        self.stream = body.get("stream") is True
-        self.max_tokens = max_tokens_of(body, chat)
+        if body is not None:
+            stream = body.get("stream") is True
+            max_tokens = max_tokens_of(body, chat)
+        self.stream = stream
+        self.max_tokens = max_tokens
         self.t0 = t0
         self.session: bytes | None = None
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The JSON body (``orjson.loads`` of :attr:`raw` on first use, then kept)."""
+        b = self._body
+        if b is None:
+            b = self._body = orjson.loads(self.raw)
+        return b
 
     def info(self, raw_len: int | None = None) -> RequestInfo:
         """What policies see of the request (prompt size from ``raw_len`` bytes, default
         the client's body)."""
-        info = RequestInfo(self.model, estimate_prompt_tokens(
-            self.body, len(self.raw) if raw_len is None else raw_len), self.max_tokens)
+        n = len(self.raw) if raw_len is None else raw_len
+        b = self._body      # not parsed: the scan found no token-id prompt
+        info = RequestInfo(self.model, estimate_prompt_tokens(b, n) if b is not None
+                           else max(1, n // 4), self.max_tokens)
         info.session = self.session
         return info
 
@@ -272,33 +293,44 @@ def parse_request(s: Settings, route: Route, req: Request, resp: Response,
     ``X-Request-Id`` honoured (made up when absent or empty, 400 above
     :data:`MAX_REQUEST_ID_BYTES`, case B15); headers to forward, with the worker key when one
     is set. ``fields``: what a body that is not JSON (a multipart form) said of ``model`` and
-    ``stream``, read by the caller. Returns ``None`` after answering 400."""
+    ``stream``, read by the caller. A JSON body is read in place
+    (:func:`~motor._fast.reqscan.scan_request`) when the scan decides it, else parsed and
+    checked here (the errors' words come from these checks). Returns ``None`` after
+    answering 400."""
     t0 = time.perf_counter()
-    if fields is not None:
-        body: Any = fields
+    body: Any = None
+    stream = False
+    max_tokens = 0
+    scanned = scan_request(req.body, route.chat) if fields is None else None
+    if scanned is not None:     # valid, checked: parsed when something needs the dict
+        model, stream, max_tokens = scanned
     else:
-        try:
-            body = orjson.loads(req.body)
-        except orjson.JSONDecodeError as e:
-            route.fail(resp, 400, f"request body is not valid JSON: {e}")
+        if fields is not None:
+            body = fields
+        else:
+            try:
+                body = orjson.loads(req.body)
+            except orjson.JSONDecodeError as e:
+                route.fail(resp, 400, f"request body is not valid JSON: {e}")
+                return None
+        if not isinstance(body, dict):
+            route.fail(resp, 400, f"request body is expected to be a JSON object, "
+                                  f"got {json_type(body)}")
             return None
-    if not isinstance(body, dict):
-        route.fail(resp, 400, f"request body is expected to be a JSON object, "
-                              f"got {json_type(body)}")
-        return None
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        route.fail(resp, 400, f"model is expected to be a string, got {type(model).__name__}")
-        return None
-    if route.chat:
-        # OpenAI and vLLM refuse a chat without messages (400); no engine needs to see it
-        msgs = body.get("messages")
-        if type(msgs) is not list or not msgs:
-            got = "an empty array" if msgs == [] else \
-                json_type(msgs) if "messages" in body else "no messages field"
-            route.fail(resp, 400, f"messages is expected to be a non-empty array of messages, "
-                                  f"got {got}", param="messages")
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            route.fail(resp, 400,
+                       f"model is expected to be a string, got {type(model).__name__}")
             return None
+        if route.chat:
+            # OpenAI and vLLM refuse a chat without messages (400); no engine needs to see it
+            msgs = body.get("messages")
+            if type(msgs) is not list or not msgs:
+                got = "an empty array" if msgs == [] else \
+                    json_type(msgs) if "messages" in body else "no messages field"
+                route.fail(resp, 400, f"messages is expected to be a non-empty array of "
+                                      f"messages, got {got}", param="messages")
+                return None
     fwd: list[tuple[bytes, bytes]] = []
     rid = None
     session = None
@@ -324,12 +356,13 @@ def parse_request(s: Settings, route: Route, req: Request, resp: Response,
     if s.observe:
         obs = CURRENT.get()
         if obs is not None:
-            op = ObservedParsed(req.body, body, model, fwd, rid, route.chat, t0)
+            op = ObservedParsed(req.body, body, model, fwd, rid, route.chat, t0, stream,
+                                max_tokens)
             op.obs = obs
             op.session = session
             obs.parsed(rid, model)
             return op
-    p = Parsed(req.body, body, model, fwd, rid, route.chat, t0)
+    p = Parsed(req.body, body, model, fwd, rid, route.chat, t0, stream, max_tokens)
     p.session = session
     return p
 

@@ -1,0 +1,3 @@
+"""Type stubs for motor._fast.jsongrammar (the JSON grammar on bytes; C API in the .pxd)."""
+
+def value_end(data: bytes, start: int = 0) -> int: ...

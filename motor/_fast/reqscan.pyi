@@ -1,0 +1,3 @@
+"""Type stubs for motor._fast.reqscan (what the request path reads of a body, unparsed)."""
+
+def scan_request(raw: bytes | None, chat: bool) -> tuple[str | None, bool, int] | None: ...
