@@ -47,6 +47,33 @@ cdef inline bint _is(const unsigned char *k, Py_ssize_t n, const char *name,
     return n == m and memcmp(k, name, m) == 0
 
 
+#: the members a stream's set-up reads besides the length bound: what
+#: ``motor.coordinator.recovery.continuable`` refuses a stream for, and what
+#: ``StreamRecovery`` and ``inject_token_ids`` read (a test keeps them equal)
+_STREAM_KEY_BYTES = (b"n", b"best_of", b"logprobs", b"top_logprobs", b"prompt_logprobs",
+                     b"echo", b"stop", b"tools", b"functions", b"response_format",
+                     b"structured_outputs", b"guided_json", b"guided_regex", b"guided_choice",
+                     b"guided_grammar", b"return_token_ids", b"stream_options", b"min_tokens")
+STREAM_KEYS = frozenset(k.decode() for k in _STREAM_KEY_BYTES)
+cdef enum:
+    N_STREAM_KEYS = 18
+if len(_STREAM_KEY_BYTES) != N_STREAM_KEYS:
+    raise ImportError(f"reqscan: {len(_STREAM_KEY_BYTES)} stream keys, room for {N_STREAM_KEYS}")
+cdef const char *_KEY[N_STREAM_KEYS]
+cdef Py_ssize_t _KEY_LEN[N_STREAM_KEYS]
+for _j, _k in enumerate(_STREAM_KEY_BYTES):     # the tuple keeps the bytes alive
+    _KEY[_j] = PyBytes_AS_STRING(_k)
+    _KEY_LEN[_j] = PyBytes_GET_SIZE(_k)
+
+
+cdef bint _stream_key(const unsigned char *k, Py_ssize_t n) noexcept nogil:
+    cdef int j
+    for j in range(N_STREAM_KEYS):
+        if _is(k, n, _KEY[j], _KEY_LEN[j]):
+            return True
+    return False
+
+
 cdef int _bound(const unsigned char *p, Py_ssize_t vs, Py_ssize_t ve,
                 int64_t *v) noexcept nogil:
     """The kind of the value ``p[vs:ve]`` (valid JSON); an integer's value in ``v``."""
@@ -88,15 +115,18 @@ def scan_request(bytes raw, bint chat):
 
     Returns
     -------
-    tuple (str | None, bool, int) or None
+    tuple (str | None, bool, int, bool, int | None) or None
         ``model`` (``None``: absent or ``null``); ``stream`` is ``true``; the bound as
         :func:`motor.protocol.openai.max_tokens_of` reads the parsed body (0 when absent,
-        not an integer or not positive).
+        not an integer or not positive); ``plain``: none of :data:`STREAM_KEYS` is there
+        and the bound's value (:func:`motor.protocol.openai.max_tokens_field`) is an
+        integer or none, so a stream's failover is set up from the bound alone; that
+        value (``None``: absent or ``null``; ``None`` too when not ``plain``).
     """
     cdef const unsigned char *p
     cdef Py_ssize_t n, i, ks, ke, vs, ve, j
     cdef bint esc, vesc
-    cdef bint stream = False, messages_ok = False, prompt_array = False
+    cdef bint stream = False, messages_ok = False, prompt_array = False, other = False
     cdef Py_ssize_t model_s = -1, model_e = -1
     cdef int mt = V_ABSENT, mct = V_ABSENT, use
     cdef int64_t mt_v = 0, mct_v = 0, val
@@ -151,6 +181,8 @@ def scan_request(bytes raw, bint chat):
                 messages_ok = p[vs] == CH_LBRACKET and p[j] != CH_RBRACKET
             elif _is(p + ks, ke - ks, b"prompt", 6):
                 prompt_array = p[vs] == CH_LBRACKET
+            elif not other and _stream_key(p + ks, ke - ks):
+                other = True
             i = json_ws(p, ve, n)
             if i >= n:
                 return None
@@ -172,4 +204,6 @@ def scan_request(bytes raw, bint chat):
         use, val = mt, mt_v
     model = None if model_s < 0 else PyUnicode_DecodeUTF8(
         <const char *>p + model_s, model_e - model_s, NULL)
-    return model, stream, (val if use == V_INT and val > 0 else 0)
+    plain = not other and use != V_OTHER
+    return (model, stream, (val if use == V_INT and val > 0 else 0), plain,
+            val if plain and use == V_INT else None)

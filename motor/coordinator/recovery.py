@@ -165,6 +165,12 @@ def inject_token_ids(raw: bytes, body: dict[str, Any]) -> bytes:
         b = dict(body)
         b["return_token_ids"] = True
         return _dumps(b)
+    return with_token_ids(raw)
+
+
+def with_token_ids(raw: bytes) -> bytes:
+    """A JSON object's bytes with ``"return_token_ids":true`` put first (``raw`` has no
+    such member: :func:`inject_token_ids` of a body without one)."""
     i = raw.find(b"{") + 1
     j = i
     n = len(raw)
@@ -187,18 +193,25 @@ class StreamRecovery:
     the request must go on elsewhere), and :meth:`continuation` builds that request.
     ``scan``: read the first leg on the bytes (:class:`~motor._fast.sse.EventScanner`);
     ``False`` runs every event through the JSON path (the reference the tests compare with).
+
+    ``body`` ``None``: the request was scanned, not parsed
+    (:func:`motor._fast.reqscan.scan_request`, ``plain``): it has none of the members read
+    here but the length bound, whose value is ``bound`` (an integer or ``None``), and
+    :attr:`body` is ``parsed.body`` (parsed on first use: only a continuation needs it).
     """
 
-    __slots__ = ("chat", "body", "client_ids", "prompt_ids", "gen", "leg", "leg_is_cmpl",
+    __slots__ = ("chat", "_body", "_parsed", "client_ids", "prompt_ids", "gen", "leg", "leg_is_cmpl",
                  "leg_base", "finished", "done", "recomputed", "engine_error", "ids_missing",
                  "blocked", "role_sent", "resp_id", "created", "model", "include_usage",
                  "engine_error_status", "usage_sent", "max_tokens", "min_tokens",
                  "finish_reason", "scanner")
 
-    def __init__(self, chat: bool, body: dict[str, Any], scan: bool = True) -> None:
+    def __init__(self, chat: bool, body: dict[str, Any] | None, scan: bool = True, *,
+                 parsed: Any = None, bound: int | None = None) -> None:
         self.chat = chat
-        self.body = body
-        self.client_ids = body.get("return_token_ids") is True
+        self._body = body
+        self._parsed = parsed
+        self.client_ids = body is not None and body.get("return_token_ids") is True
         self.prompt_ids: list[int] | None = None
         self.gen: list[int] = []
         self.leg = 0
@@ -216,19 +229,32 @@ class StreamRecovery:
         self.resp_id: Any = None
         self.created: Any = None
         self.model: Any = None
-        so = body.get("stream_options")
-        self.include_usage = isinstance(so, dict) and bool(so.get("include_usage"))
         self.usage_sent = False
+        if body is not None:
+            so = body.get("stream_options")
+            self.include_usage = isinstance(so, dict) and bool(so.get("include_usage"))
+            mt = max_tokens_field(body, chat)
+            mn = body.get("min_tokens")
+            self.min_tokens = mn if isinstance(mn, int) else 0
+        else:
+            self.include_usage = False
+            mt = bound
+            self.min_tokens = 0
         # completions: absent or null = vLLM's default 16 (vLLM 0.32 reads an explicit null
         # like an absent max_tokens, measured on the CPU build); chat: no bound = the context
-        mt = max_tokens_field(body, chat)
         if mt is None and not chat:
             mt = COMPLETIONS_DEFAULT_MAX_TOKENS
         self.max_tokens: int | None = mt
-        mn = body.get("min_tokens")
-        self.min_tokens = mn if isinstance(mn, int) else 0
         #: the first leg's byte scanner (None: JSON path only)
         self.scanner: EventScanner | None = EventScanner(chat, self.client_ids) if scan else None
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The request's JSON body (``parsed.body`` on first use when made from a scan)."""
+        b = self._body
+        if b is None:
+            b = self._body = self._parsed.body
+        return b
 
     # -- a leg's events ---------------------------------------------------------------
     def feed(self, block: bytes) -> bytes:

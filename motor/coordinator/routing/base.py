@@ -215,21 +215,27 @@ class Parsed:
     request answered whole never parses it). ``fwd``: headers for the engines (with
     ``x-request-id``); ``rid_header``: the ``X-Request-Id`` header of motor's answer;
     ``stream``: the body's ``stream`` is ``true``; ``max_tokens``: :func:`max_tokens_of` (0
-    when absent); ``t0``: ``time.perf_counter()`` at arrival; ``session``: the session
-    header's value (``coordinator.kv.session.header``) or None.
+    when absent); ``plain``: the scan found none of the members a stream's failover set-up
+    reads but the length bound, whose value
+    (:func:`~motor.protocol.openai.max_tokens_field`: an integer or
+    ``None``) is ``bound`` (:func:`~motor._fast.reqscan.scan_request`; ``False`` when the
+    body was parsed here); ``t0``: ``time.perf_counter()`` at arrival; ``session``: the
+    session header's value (``coordinator.kv.session.header``) or None.
     """
 
     __slots__ = ("raw", "_body", "model", "fwd", "rid", "rid_header", "stream", "max_tokens",
-                 "t0", "session")
+                 "plain", "bound", "t0", "session")
 
     #: the request's observation record (:class:`ObservedParsed`); ``None``: not observed
     obs: Obs | None = None
 
     def __init__(self, raw: bytes, body: dict[str, Any] | None, model: str | None,
                  fwd: list[tuple[bytes, bytes]], rid: bytes, chat: bool, t0: float,
-                 stream: bool = False, max_tokens: int = 0) -> None:
-        """``body`` ``None``: not parsed yet (``raw`` is valid JSON, ``stream`` and
-        ``max_tokens`` as read from it); else they are read from ``body``."""
+                 stream: bool = False, max_tokens: int = 0, plain: bool = False,
+                 bound: int | None = None) -> None:
+        """``body`` ``None``: not parsed yet (``raw`` is valid JSON; ``stream``,
+        ``max_tokens``, ``plain`` and ``bound`` as the scan read them); else ``stream`` and
+        ``max_tokens`` are read from ``body`` and ``plain`` is ``False``."""
         self.raw = raw
         self._body = body
         self.model = model
@@ -239,8 +245,11 @@ class Parsed:
         if body is not None:
             stream = body.get("stream") is True
             max_tokens = max_tokens_of(body, chat)
+            plain = False
         self.stream = stream
         self.max_tokens = max_tokens
+        self.plain = plain
+        self.bound = bound
         self.t0 = t0
         self.session: bytes | None = None
 
@@ -299,11 +308,12 @@ def parse_request(s: Settings, route: Route, req: Request, resp: Response,
     answering 400."""
     t0 = time.perf_counter()
     body: Any = None
-    stream = False
+    stream = plain = False
     max_tokens = 0
+    bound = None
     scanned = scan_request(req.body, route.chat) if fields is None else None
     if scanned is not None:     # valid, checked: parsed when something needs the dict
-        model, stream, max_tokens = scanned
+        model, stream, max_tokens, plain, bound = scanned
     else:
         if fields is not None:
             body = fields
@@ -357,12 +367,13 @@ def parse_request(s: Settings, route: Route, req: Request, resp: Response,
         obs = CURRENT.get()
         if obs is not None:
             op = ObservedParsed(req.body, body, model, fwd, rid, route.chat, t0, stream,
-                                max_tokens)
+                                max_tokens, plain, bound)
             op.obs = obs
             op.session = session
             obs.parsed(rid, model)
             return op
-    p = Parsed(req.body, body, model, fwd, rid, route.chat, t0, stream, max_tokens)
+    p = Parsed(req.body, body, model, fwd, rid, route.chat, t0, stream, max_tokens, plain,
+               bound)
     p.session = session
     return p
 

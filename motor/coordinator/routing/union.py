@@ -1,8 +1,10 @@
 """``union``: the request path of the default mode (one instance computes prefill and decode).
 
-1. :func:`~motor.coordinator.routing.base.parse_request` parses the body once for
+1. :func:`~motor.coordinator.routing.base.parse_request` reads the body once for
    ``model``, ``stream``, ``max_tokens`` and a prompt-size estimate (400 for a body that is
-   not a JSON object);
+   not a JSON object): in place (:mod:`motor._fast.reqscan`), the dict parsed only when
+   something needs it (a policy that reads the prompt, a stream whose failover set-up
+   reads more than the length bound, a continuation);
 2. candidates = routable endpoints of role ``union`` serving the model (404 if no endpoint
    serves it, 503 if none is routable); the policy picks one (``kv_affinity`` tokenizes
    the request once for its routing key);
@@ -39,7 +41,8 @@ from motor.coordinator.endpoints import EndpointState, EndpointTable, Lease, Wai
 from motor.coordinator.observe import Obs
 from motor.coordinator.policy import Policy, RequestInfo
 from motor.coordinator.recovery import (END, REFUSE, StreamRecovery, Verdict, after_leg,
-                                        continuable, inject_token_ids, retryable_status)
+                                        continuable, inject_token_ids, retryable_status,
+                                        with_token_ids)
 from motor.coordinator.routing.base import (ANSWERED, JSON, UNION, Headers, Parsed, RequestPath,
                                             Route, Settings,
                                             SseFeed,
@@ -238,6 +241,9 @@ class UnionPath(RequestPath):
         why not continuable when ``None``)."""
         if not (self.s.failover_on and route.name in ("chat", "completions")):
             return None, p.raw, "failover is off"
+        if p.plain:     # the scan saw nothing continuable() refuses: no parse of the body
+            return (StreamRecovery(route.chat, None, parsed=p, bound=p.bound),
+                    with_token_ids(p.raw), "")
         why = continuable(route.chat, p.body)
         if why is not None:
             logger.debug("request %s: no mid-stream failover (%s)", p.rid.decode("latin-1"), why)

@@ -16,15 +16,21 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from motor._fast.jsongrammar import value_end
-from motor._fast.reqscan import scan_request
-from motor.protocol.openai import max_tokens_of
+from motor._fast.reqscan import STREAM_KEYS, scan_request
+from motor.coordinator.recovery import (_NOT_CONTINUABLE_KEYS, StreamRecovery, continuable,
+                                        inject_token_ids, with_token_ids)
+from motor.protocol.openai import max_tokens_field, max_tokens_of
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True)
 
 
-def reference(raw: bytes, chat: bool) -> tuple[str | None, bool, int] | None:
-    """What ``parse_request`` reads of ``raw`` with orjson; ``None`` where it answers 400
-    or where the scan must hand the body back (a token-id prompt)."""
+Scan = tuple[str | None, bool, int, bool, int | None]
+
+
+def reference(raw: bytes, chat: bool) -> Scan | None:
+    """What ``parse_request`` reads of ``raw`` with orjson, and whether a stream's set-up
+    needs only the length bound (``plain``, then the bound's value); ``None`` where it
+    answers 400 or where the scan must hand the body back (a token-id prompt)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -40,10 +46,14 @@ def reference(raw: bytes, chat: bool) -> tuple[str | None, bool, int] | None:
             return None
     if isinstance(body.get("prompt"), list):
         return None
-    return model, body.get("stream") is True, max_tokens_of(body, chat)
+    mt = max_tokens_field(body, chat)
+    plain = body.keys().isdisjoint(STREAM_KEYS) and (
+        mt is None or (type(mt) is int and abs(mt) < 10 ** 18))
+    return (model, body.get("stream") is True, max_tokens_of(body, chat), plain,
+            mt if plain else None)
 
 
-def check(raw: bytes, chat: bool) -> tuple[str | None, bool, int] | None:
+def check(raw: bytes, chat: bool) -> Scan | None:
     """The scan's answer; asserts it agrees with the reference when it decides."""
     got = scan_request(raw, chat)
     if got is not None:
@@ -167,23 +177,27 @@ CHAT = b'{"model":"m","messages":[{"role":"user","content":"hi"}]'
 
 
 @pytest.mark.parametrize("raw,chat,want", [
-    (CHAT + b',"max_tokens":16,"stream":true}', True, ("m", True, 16)),
-    (CHAT + b',"max_completion_tokens":null,"max_tokens":9}', True, ("m", False, 9)),
-    (CHAT + b',"max_completion_tokens":5,"max_tokens":9}', True, ("m", False, 5)),
-    (CHAT + b',"max_completion_tokens":5,"max_tokens":9}', False, ("m", False, 9)),
-    (CHAT + b',"max_tokens":true}', True, ("m", False, 0)),
-    (CHAT + b',"max_tokens":16.0}', True, ("m", False, 0)),
-    (CHAT + b',"max_tokens":1e2}', True, ("m", False, 0)),
-    (CHAT + b',"max_tokens":-4}', True, ("m", False, 0)),
-    (CHAT + b',"max_tokens":"16"}', True, ("m", False, 0)),
-    (CHAT + b',"stream":true,"stream":false}', True, ("m", False, 0)),
-    (CHAT + b',"stream":"true"}', True, ("m", False, 0)),
-    (CHAT + b',"model":null}', True, (None, False, 0)),
-    (b'{"model":"\xc3\xa9t\xc3\xa9","prompt":"x"}', False, ("\u00e9t\u00e9", False, 0)),
-    (b'{"prompt":"x"}', False, (None, False, 0)),
-    (b"{}", False, (None, False, 0)),
-    (b" \r\n\t{ } \n", False, (None, False, 0)),
-    (b'{"messages":[]}', False, (None, False, 0)),
+    (CHAT + b',"max_tokens":16,"stream":true}', True, ("m", True, 16, True, 16)),
+    (CHAT + b',"max_completion_tokens":null,"max_tokens":9}', True, ("m", False, 9, True, 9)),
+    (CHAT + b',"max_completion_tokens":5,"max_tokens":9}', True, ("m", False, 5, True, 5)),
+    (CHAT + b',"max_completion_tokens":5,"max_tokens":9}', False, ("m", False, 9, True, 9)),
+    (CHAT + b',"max_tokens":true}', True, ("m", False, 0, False, None)),
+    (CHAT + b',"max_tokens":16.0}', True, ("m", False, 0, False, None)),
+    (CHAT + b',"max_tokens":1e2}', True, ("m", False, 0, False, None)),
+    (CHAT + b',"max_tokens":-4}', True, ("m", False, 0, True, -4)),
+    (CHAT + b',"max_tokens":"16"}', True, ("m", False, 0, False, None)),
+    (CHAT + b',"max_tokens":null}', True, ("m", False, 0, True, None)),
+    (CHAT + b',"max_tokens":8,"stop":null}', True, ("m", False, 8, False, None)),
+    (CHAT + b',"stream_options":{"include_usage":true}}', True, ("m", False, 0, False, None)),
+    (CHAT + b',"stream":true,"stream":false}', True, ("m", False, 0, True, None)),
+    (CHAT + b',"stream":"true"}', True, ("m", False, 0, True, None)),
+    (CHAT + b',"model":null}', True, (None, False, 0, True, None)),
+    (b'{"model":"\xc3\xa9t\xc3\xa9","prompt":"x"}', False,
+     ("\u00e9t\u00e9", False, 0, True, None)),
+    (b'{"prompt":"x"}', False, (None, False, 0, True, None)),
+    (b"{}", False, (None, False, 0, True, None)),
+    (b" \r\n\t{ } \n", False, (None, False, 0, True, None)),
+    (b'{"messages":[]}', False, (None, False, 0, True, None)),
 ])
 def test_cases(raw, chat, want):
     assert check(raw, chat) == want
@@ -213,3 +227,30 @@ def test_handed_back(raw, chat):
 
 def test_none_is_handed_back():
     assert scan_request(None, True) is None
+
+
+def test_stream_keys_are_what_a_streams_set_up_reads():
+    assert STREAM_KEYS == _NOT_CONTINUABLE_KEYS | {"return_token_ids", "stream_options",
+                                                   "min_tokens"}
+
+
+@SETTINGS
+@given(encoded(), st.booleans())
+def test_a_plain_stream_is_set_up_from_the_scan_as_from_the_body(raw, chat):
+    """What ``union`` builds from a plain scan (no parse) equals what it builds from the
+    parsed body: continuable, the same recovery state, the same body sent upstream."""
+    got = check(raw, chat)
+    if got is None or not got[3]:
+        return
+    body = orjson.loads(raw)
+    assert continuable(chat, body) is None
+    assert with_token_ids(raw) == inject_token_ids(raw, body)
+    assert orjson.loads(with_token_ids(raw)) == dict(body, return_token_ids=True)
+
+    class Lazy:
+        body = orjson.loads(raw)
+
+    a, b = StreamRecovery(chat, body), StreamRecovery(chat, None, parsed=Lazy(), bound=got[4])
+    for k in ("client_ids", "include_usage", "max_tokens", "min_tokens", "leg_is_cmpl"):
+        assert getattr(a, k) == getattr(b, k), k
+    assert b.body == body and b.body is Lazy.body

@@ -60,8 +60,19 @@ async def test_a_whole_answer_never_parses_the_body() -> None:
 
 
 @run_async
-async def test_a_recoverable_stream_parses_the_body_once() -> None:
+async def test_a_plain_recoverable_stream_never_parses_the_body() -> None:
+    """Nothing a stream's failover set-up reads but the length bound: set up from the scan
+    (the body is parsed only if a continuation is built)."""
     status, data, loads = await _post(orjson.dumps(dict(CHAT, stream=True)))
+    assert status == 200 and data.rstrip().endswith(b"data: [DONE]")
+    assert loads == 0
+
+
+@pytest.mark.parametrize("extra", [{"stream_options": {"include_usage": True}},
+                                   {"stop": None}, {"max_tokens": 2.0}])
+@run_async
+async def test_a_stream_with_more_to_read_parses_the_body_once(extra: dict[str, Any]) -> None:
+    status, data, loads = await _post(orjson.dumps(dict(CHAT, stream=True, **extra)))
     assert status == 200 and data.rstrip().endswith(b"data: [DONE]")
     assert loads == 1
 
