@@ -101,8 +101,8 @@ cdef int _bound(const unsigned char *p, Py_ssize_t vs, Py_ssize_t ve,
 
 
 def scan_request(bytes raw, bint chat):
-    """``(model, stream, max_tokens)`` of a request body, or ``None`` (the module docstring
-    says when; the caller then parses the body).
+    """``(model, stream, max_tokens, plain, bound)`` of a request body, or ``None`` (the
+    module docstring says when; the caller then parses the body).
 
     Parameters
     ----------

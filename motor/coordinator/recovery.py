@@ -200,11 +200,11 @@ class StreamRecovery:
     :attr:`body` is ``parsed.body`` (parsed on first use: only a continuation needs it).
     """
 
-    __slots__ = ("chat", "_body", "_parsed", "client_ids", "prompt_ids", "gen", "leg", "leg_is_cmpl",
-                 "leg_base", "finished", "done", "recomputed", "engine_error", "ids_missing",
-                 "blocked", "role_sent", "resp_id", "created", "model", "include_usage",
-                 "engine_error_status", "usage_sent", "max_tokens", "min_tokens",
-                 "finish_reason", "scanner")
+    __slots__ = ("chat", "_body", "_parsed", "client_ids", "prompt_ids", "gen", "leg",
+                 "leg_is_cmpl", "leg_base", "finished", "done", "recomputed", "engine_error",
+                 "ids_missing", "blocked", "role_sent", "resp_id", "created", "model",
+                 "include_usage", "engine_error_status", "usage_sent", "max_tokens",
+                 "min_tokens", "finish_reason", "scanner")
 
     def __init__(self, chat: bool, body: dict[str, Any] | None, scan: bool = True, *,
                  parsed: Any = None, bound: int | None = None) -> None:

@@ -147,8 +147,8 @@ class FakeBackend:
                 return
             if s.token_delay_s:
                 await asyncio.sleep(s.token_delay_s)
-        so = body.get("stream_options") or {}
-        if so.get("include_usage"):
+        so = body.get("stream_options")
+        if isinstance(so, dict) and so.get("include_usage"):   # other types: no usage chunk
             resp.write(b"data: " + orjson.dumps({"id": "chatcmpl-fb", "object": "chat.completion.chunk",
                                                  "created": 1700000000, "model": self.model,
                                                  "choices": [], "usage": {
