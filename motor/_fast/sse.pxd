@@ -4,7 +4,6 @@ from libc.stdint cimport int64_t
 
 cdef enum:
     SSE_MAX_MEMBERS = 48     # members of one scanned object; more: the JSON path
-    SSE_MAX_INT_DIGITS = 18  # digits of an integer part (fits int64); more: the JSON path
     SSE_MAX_CUTS = 8         # byte ranges cut out of one event
     SSE_SHAPE_BYTES = 1024   # an event kept as the next events' shape: at most this long
     SSE_SHAPE_MEMBERS = 16   # ... and with at most this many members in each of its objects

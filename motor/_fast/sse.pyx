@@ -42,7 +42,8 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from motor._fast._common cimport MOTOR_DEBUG, mf_likely, mf_unlikely
 from motor._fast.jsongrammar cimport (CH_0, CH_1, CH_9, CH_BACKSLASH, CH_COLON, CH_COMMA,
                                         CH_LBRACE, CH_LBRACKET, CH_LF, CH_QUOTE, CH_RBRACE,
-                                        CH_RBRACKET, json_skip, json_string, json_ws)
+                                        CH_RBRACKET, JSON_MAX_INT_DIGITS, json_skip,
+                                        json_string, json_ws)
 
 #: True when compiled with ``-DMOTOR_DEBUG=1``.
 DEBUG = bool(MOTOR_DEBUG)
@@ -151,7 +152,7 @@ cdef Py_ssize_t _ints(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
             while i < n and CH_0 <= p[i] <= CH_9:
                 v = v * 10 + (p[i] - CH_0)
                 i += 1
-                if i - s > SSE_MAX_INT_DIGITS:
+                if i - s > JSON_MAX_INT_DIGITS:
                     return -1
         else:
             return -1
