@@ -37,7 +37,7 @@ def test_kill_9_of_the_leader_under_load(cluster: HaCluster) -> None:
     c = cluster
     leader = c.wait_converged(30)
     load = c.bench(10, "bench-kill")
-    c.wait_load()
+    c.wait_load(load)
     time.sleep(1.0)
     c.kill_controller(leader)
     killed_at = time.monotonic()
@@ -71,7 +71,7 @@ def test_leader_cut_off_from_etcd_steps_down(cluster: HaCluster) -> None:
     c = cluster
     leader = c.wait_converged(30)
     load = c.bench(10, "bench-partition")
-    c.wait_load()
+    c.wait_load(load)
     time.sleep(1.0)
     c.etcd.stop_member(leader)     # that controller's only etcd member; quorum kept
     cut_at = time.monotonic()
@@ -100,7 +100,7 @@ def test_etcd_fully_down_for_30_s(cluster: HaCluster) -> None:
     c = cluster
     c.wait_converged(30)
     load = c.bench(45, "bench-outage")
-    c.wait_load()
+    c.wait_load(load)
     time.sleep(1.0)
     c.etcd.stop_all()
     down_at = time.monotonic()

@@ -49,7 +49,7 @@ def test_drain_under_load(cluster: HaCluster) -> None:
     c = cluster
     c.wait_converged(30)
     load = c.bench(12, "bench-drain", extra=SHARED)
-    c.wait_load()
+    c.wait_load(load)
     # drain the instance that is busiest now, so "no new request" is not trivially true
     first = {i: _received(c, i) or 0 for i in c.instance_ids}
     time.sleep(1.0)
@@ -116,7 +116,7 @@ def test_rolling_restart_keeps_the_cache_warm(cluster: HaCluster) -> None:
     base = c.bench(10, "bench-base", extra=SHARED)
     share_before = c.bench_result(base, "bench-base")["cached_token_share"]
     load = c.bench(10, "bench-rolling", extra=SHARED)   # about the restart's length
-    c.wait_load()
+    c.wait_load(load)
     t0 = time.monotonic()
     r = c.ctl("--output", "json", "restart", "--rolling",
               "--coordinator", f"http://127.0.0.1:{c.api_port}", "--grace", "1.0",

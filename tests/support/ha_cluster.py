@@ -207,17 +207,28 @@ class HaCluster:
             return None
         return int(st["running"] + st["waiting"] + st["finished"] + st["aborted"])
 
-    def wait_load(self, timeout_s: float = 30.0) -> None:
-        """Until the engines took at least 20 more requests than now (``motor bench`` needs
-        a few seconds to start on a loaded machine: a fault injected before that would be
-        injected without load)."""
+    def wait_load(self, load: subprocess.Popen[bytes] | None = None,
+                  timeout_s: float = 90.0) -> None:
+        """Until the engines took at least 20 more requests than now.
+
+        ``motor bench`` may need many seconds to start on a loaded 2-core machine (a fault
+        injected before its first request would be injected without load), so the wait is
+        for the load itself, up to ``timeout_s``; it ends at once, with the logs, when
+        ``load`` (the bench's process) exited first."""
         start = sum(self.received(i) or 0 for i in self.instance_ids)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if sum(self.received(i) or 0 for i in self.instance_ids) >= start + 20:
                 return
+            if load is not None and load.poll() is not None:
+                raise AssertionError(f"the load generator exited ({load.returncode}) before "
+                                     "load reached the engines\n" + self.logs_tail())
             time.sleep(0.1)
-        raise AssertionError("no load reached the engines in time\n" + self.logs_tail())
+        seen = {i: self.received(i) for i in self.instance_ids}
+        raise AssertionError(f"no load reached the engines in {timeout_s:.0f} s (engines "
+                             f"took {seen}, {start} at the start; load generator "
+                             f"{'running' if load is not None and load.poll() is None else 'gone'})"
+                             "\n" + self.logs_tail())
 
     def ctl(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[bytes]:
         """``motor ctl ARGS --controller <every controller>`` (its output captured)."""
