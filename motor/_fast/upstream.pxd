@@ -45,6 +45,9 @@ cdef class Conn:
     cdef double timer_at
     cdef ChunkSink sink
     cdef readonly Py_ssize_t pumped
+    cdef object owner
+    cdef bint busy
+    cdef object evicted
     cdef _reset(self)
     cdef _feed(self, data)
     cdef bint _plain_response(self, bytes data)
@@ -87,6 +90,8 @@ cdef class Pool:
     cdef list _idle
     cdef Py_ssize_t _open
     cdef object _waiters
+    cdef set _conns
+    cdef dict _evictable
     cdef bytes _host_header
     cdef public bint closed
     cdef Conn _pop_idle(self)

@@ -171,6 +171,9 @@ cdef class Conn:
         self.mute_head = False
         self.ch_mute = 0
         self.sink = None
+        self.owner = None
+        self.busy = False
+        self.evicted = None
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport):
@@ -690,6 +693,27 @@ cdef class UpstreamResponse:
                 return
             yield chunk
 
+    def read_now(self):
+        """The whole body (bytes) when all of it is here already (the answer complete, its
+        connection handed back to the pool), else ``None`` and nothing changed: read it
+        with :meth:`read`. A small answer usually comes with its head; this takes it
+        without the coroutine of :meth:`read`."""
+        cdef Conn c = self._conn
+        cdef list chunks
+        if self._done or not c.complete or c.error is not None or c.paused:
+            return None
+        chunks = c.chunks
+        if not chunks:
+            data = _EMPTY
+        elif len(chunks) == 1:
+            data = chunks[0]
+        else:
+            data = _EMPTY.join(chunks)
+        c.chunks = []
+        c.buffered = 0
+        self._finish()
+        return data
+
     async def read(self):
         """The whole remaining body (bytes)."""
         cdef list parts = []
@@ -757,6 +781,8 @@ cdef class Pool:
         self._idle = []
         self._open = 0
         self._waiters = _deque()
+        self._conns = set()
+        self._evictable = {}
         self._host_header = f"{host}:{port}".encode()
         self.closed = False
 
@@ -768,16 +794,23 @@ cdef class Pool:
     def idle_connections(self):
         return len(self._idle)
 
-    async def _connect(self):
+    async def _connect(self, owner=None):
         loop = _get_running_loop()
         conn = Conn(self)
+        conn.owner = owner
+        conn.busy = True
+        self._conns.add(conn)
         try:
             await _wait_for(
                 loop.create_connection(lambda: conn, self.host, self.port, ssl=self.tls,
                                        server_hostname=self.host if self.tls else None),
                 self.connect_timeout_s)
         except TimeoutError:
+            self._conns.discard(conn)
             raise _UpstreamTimeout("connect", self.connect_timeout_s) from None
+        except BaseException:
+            self._conns.discard(conn)
+            raise
         return conn
 
     cdef Conn _pop_idle(self):
@@ -790,7 +823,7 @@ cdef class Pool:
             self._drop(c)
         return None
 
-    async def _acquire(self):
+    async def _acquire(self, owner=None):
         cdef Conn c
         while True:
             c = self._pop_idle()
@@ -799,7 +832,7 @@ cdef class Pool:
             if self._open < self.max_connections:
                 self._open += 1
                 try:
-                    return await self._connect(), False
+                    return await self._connect(owner), False
                 except BaseException:
                     self._open -= 1
                     self._wake_one()
@@ -807,6 +840,8 @@ cdef class Pool:
             loop = _get_running_loop()
             fut = loop.create_future()
             self._waiters.append(fut)
+            if owner is not None:
+                self._evictable[fut] = owner
             timer = loop.call_later(self.pool_wait_s, _expire_wait, fut, self.pool_wait_s) \
                 if self.pool_wait_s is not None else None
             try:
@@ -816,6 +851,8 @@ cdef class Pool:
                     timer.cancel()
                 if not fut.done():
                     fut.cancel()
+                if owner is not None:
+                    self._evictable.pop(fut, None)
 
     cdef _wake_one(self):
         while self._waiters:
@@ -837,6 +874,7 @@ cdef class Pool:
         self._wake_one()
 
     cdef _drop(self, Conn c):
+        self._conns.discard(c)
         if c.counted_out:
             return
         c.counted_out = True
@@ -852,13 +890,14 @@ cdef class Pool:
         self._drop(c)
 
     async def request(self, method, path, body=b"", headers=(), *, first_byte_timeout_s=None,
-                      idle_timeout_s=None):
+                      idle_timeout_s=None, owner=None):
         """Send a request; return an :class:`UpstreamResponse` once status and headers
         arrived (as ``motor.http.client.Pool.request``: a reused keep-alive connection closed
-        before any byte of the answer is retried once on a fresh one).
+        before any byte of the answer is retried once on a fresh one; ``owner``: what
+        :meth:`evict` names to end it before its answer's head).
 
         Raises ``UpstreamTimeout`` (connect or first byte too slow), ``UpstreamClosed`` or
-        ``OSError`` (connection refused / reset)."""
+        ``OSError`` (connection refused / reset), ``UpstreamEvicted`` (:meth:`evict`)."""
         cdef list head
         cdef Conn conn
         cdef UpstreamResponse resp
@@ -879,8 +918,12 @@ cdef class Pool:
             if conn is not None:
                 reused = True
             else:
-                conn, reused = await self._acquire()
+                conn, reused = await self._acquire(owner)
+            conn.owner = owner
+            conn.busy = True
             try:
+                if conn.evicted is not None:    # evicted while it connected
+                    raise conn.evicted
                 assert conn.transport is not None
                 conn.transport.write(data)
                 while not conn.headers_done:
@@ -911,6 +954,25 @@ cdef class Pool:
             resp._done = False
             return resp
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def evict(self, owner, exc):
+        """End the requests made with ``owner`` whose answer's head has not come: ``exc``
+        (an ``UpstreamEvicted``) is raised in each, as ``motor.http.client.Pool.evict``.
+        Returns how many were ended or marked."""
+        cdef Conn c
+        cdef int n = 0
+        for c in list(self._conns):
+            if c.owner is owner and c.busy and not c.headers_done and c.evicted is None:
+                c.evicted = exc
+                n += 1
+                w = c.waiter
+                if w is not None and not w.done():
+                    w.set_exception(exc)
+        for fut, o in list(self._evictable.items()):
+            if o is owner and not fut.done():
+                fut.set_exception(exc)
+                n += 1
+        return n
 
     def close(self):
         """Close the idle connections; callers waiting for one get ``ConnectionError``."""

@@ -48,7 +48,7 @@ from motor.coordinator.admission import SlotQueue
 from motor.coordinator.breaker import CLOSED, HALF_OPEN, Breaker
 from motor.coordinator.controller_poll import controller_client, follow_controller
 from motor.coordinator.loadtable import LoadCell
-from motor.http.client import Client, Pool
+from motor.http.client import Client, Pool, UpstreamEvicted
 from motor.protocol.instances import (KNOWN_SCHEMES, Endpoint, Instance, InstanceState,
                                       InstanceTable)
 
@@ -81,7 +81,7 @@ class EndpointState:
     __slots__ = ("key", "instance_id", "model", "models", "role", "engine", "host", "port",
                  "dp_rank", "url", "_ready", "breaker", "inflight",
                  "inflight_tokens", "inflight_prefill_tokens", "inflight_decode_tokens", "pool",
-                 "kv_events", "bootstrap_port", "waiting", "_gauge", "shared", "max_model_len",
+                 "kv_events", "bootstrap_port", "_gauge", "shared", "max_model_len",
                  "learned", "timing", "scheme", "https", "tls_ok", "tls_error",
                  "instance_ready", "tls_check", "own_max_inflight", "max_inflight", "on_free")
 
@@ -151,8 +151,6 @@ class EndpointState:
             gauge_set(state)
         self.breaker = Breaker(b.failure_threshold, b.open_s, b.open_max_s, breaker_changed,
                                self.url)
-        # attempts waiting for this endpoint's first answer byte (see evict_waiting)
-        self.waiting: set[Waiting] = set()
 
     @property
     def ready(self) -> bool:
@@ -270,10 +268,11 @@ class EndpointState:
         self.breaker.success()
 
     def evict_waiting(self, why: str) -> None:
-        """Cancel the attempts waiting for this endpoint's first byte (they retry elsewhere)."""
-        for w in list(self.waiting):
-            w.evict(why)
-        self.waiting.clear()
+        """End the attempts on this endpoint still waiting for their answer's head (those
+        made with ``owner=`` this endpoint: the union path's); each gets
+        :class:`~motor.http.client.UpstreamEvicted` ``(why)`` and retries elsewhere."""
+        if self.pool is not None:
+            self.pool.evict(self, UpstreamEvicted(why))
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.key} {self.role.value} {self.url} ready={self.ready}>"
@@ -339,22 +338,6 @@ class Lease:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-class Waiting:
-    """One attempt waiting for an endpoint's first answer byte; evicting it cancels its task,
-    which the request path turns into a retry on another endpoint."""
-
-    __slots__ = ("task", "evicted")
-
-    def __init__(self, task: asyncio.Task[object] | None) -> None:
-        self.task = task
-        self.evicted: str | None = None
-
-    def evict(self, why: str) -> None:
-        if self.task is not None and not self.task.done() and self.evicted is None:
-            self.evicted = why
-            self.task.cancel()
 
 
 class EndpointTable:

@@ -58,6 +58,16 @@ class UpstreamClosed(ConnectionError):
         self.before_response = before_response
 
 
+class UpstreamEvicted(Exception):
+    """The request was taken off its endpoint before the answer's head came
+    (:meth:`Pool.evict`: the endpoint left the routable set); ``reason`` says why. Raised
+    only to a request made with an ``owner``; it may go to another endpoint."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 def _expire_wait(fut: asyncio.Future[None], wait_s: float) -> None:
     if not fut.done():
         fut.set_exception(UpstreamTimeout("pool", wait_s))
@@ -68,7 +78,7 @@ class _Conn(asyncio.Protocol):
 
     __slots__ = ("pool", "transport", "parser", "status", "headers", "chunks", "buffered",
                  "headers_done", "complete", "error", "waiter", "paused", "got_bytes", "closed",
-                 "keep_alive", "timer", "counted_out", "interim")
+                 "keep_alive", "timer", "counted_out", "interim", "owner", "busy", "evicted")
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
@@ -92,6 +102,11 @@ class _Conn(asyncio.Protocol):
         self.keep_alive = True
         self.timer: asyncio.TimerHandle | None = None
         self.interim = False
+        #: the request's ``owner`` (:meth:`Pool.request`) while one runs here, and whether
+        #: one does; ``evicted``: what :meth:`Pool.evict` raised into it
+        self.owner: object = None
+        self.busy = False
+        self.evicted: UpstreamEvicted | None = None
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -269,6 +284,19 @@ class UpstreamResponse:
                 return
             yield chunk
 
+    def read_now(self) -> bytes | None:
+        """The whole body when all of it is here already (the answer complete, its
+        connection handed back to the pool), else ``None`` and nothing changed: read it
+        with :meth:`read` (no coroutine for an answer that came with its head)."""
+        c = self._conn
+        if self._done or not c.complete or c.error is not None or c.paused:
+            return None
+        data = b"".join(c.chunks)
+        c.chunks.clear()
+        c.buffered = 0
+        self._finish()
+        return data
+
     async def read(self) -> bytes:
         """The whole remaining body."""
         parts: list[bytes] = []
@@ -337,6 +365,10 @@ class Pool:
         self._idle: deque[_Conn] = deque()
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        #: every connection counted in (connecting, busy or idle): what :meth:`evict` scans
+        self._conns: set[_Conn] = set()
+        #: the pool waits of requests made with an owner: future -> owner
+        self._evictable: dict[asyncio.Future[None], object] = {}
         self._host_header = f"{host}:{port}".encode()
         self.closed = False
 
@@ -348,19 +380,26 @@ class Pool:
     def idle_connections(self) -> int:
         return len(self._idle)
 
-    async def _connect(self) -> _Conn:
+    async def _connect(self, owner: object = None) -> _Conn:
         loop = asyncio.get_running_loop()
         conn = _Conn(self)
+        conn.owner = owner
+        conn.busy = True
+        self._conns.add(conn)
         try:
             await asyncio.wait_for(
                 loop.create_connection(lambda: conn, self.host, self.port, ssl=self.tls,
                                        server_hostname=self.host if self.tls else None),
                 self.connect_timeout_s)
         except TimeoutError:
+            self._conns.discard(conn)
             raise UpstreamTimeout("connect", self.connect_timeout_s) from None
+        except BaseException:
+            self._conns.discard(conn)
+            raise
         return conn
 
-    async def _acquire(self) -> tuple[_Conn, bool]:
+    async def _acquire(self, owner: object = None) -> tuple[_Conn, bool]:
         while True:
             while self._idle:
                 c = self._idle.pop()
@@ -370,7 +409,7 @@ class Pool:
             if self._open < self.max_connections:
                 self._open += 1
                 try:
-                    return await self._connect(), False
+                    return await self._connect(owner), False
                 except BaseException:
                     self._open -= 1
                     self._wake_one()
@@ -378,6 +417,8 @@ class Pool:
             loop = asyncio.get_running_loop()
             fut = loop.create_future()
             self._waiters.append(fut)
+            if owner is not None:
+                self._evictable[fut] = owner
             timer = loop.call_later(self.pool_wait_s, _expire_wait, fut, self.pool_wait_s) \
                 if self.pool_wait_s is not None else None
             try:
@@ -387,6 +428,8 @@ class Pool:
                     timer.cancel()
                 if not fut.done():
                     fut.cancel()
+                if owner is not None:
+                    self._evictable.pop(fut, None)
 
     def _wake_one(self) -> None:
         while self._waiters:
@@ -408,6 +451,7 @@ class Pool:
         self._wake_one()
 
     def _drop(self, c: _Conn) -> None:
+        self._conns.discard(c)
         if c.counted_out:
             return
         c.counted_out = True
@@ -424,12 +468,15 @@ class Pool:
 
     async def request(self, method: bytes, path: bytes, body: bytes = b"",
                       headers: Headers = (), *, first_byte_timeout_s: float | None = None,
-                      idle_timeout_s: float | None = None) -> UpstreamResponse:
+                      idle_timeout_s: float | None = None,
+                      owner: object = None) -> UpstreamResponse:
         """Send a request; return once status and headers arrived.
 
         A reused keep-alive connection that turns out to be closed before any byte of
         the answer arrived is retried once on a fresh connection (the request never
-        reached the engine's application).
+        reached the engine's application). ``owner`` (any object, compared by identity):
+        :meth:`evict` of that owner ends the request with :class:`UpstreamEvicted` while
+        its answer's head has not come (None: never evicted).
 
         Raises
         ------
@@ -437,6 +484,8 @@ class Pool:
             connect or first byte too slow.
         UpstreamClosed, OSError
             connection refused / reset.
+        UpstreamEvicted
+            :meth:`evict` of ``owner`` before the answer's head came (its connection closed).
         """
         head = [method, b" ", path, b" HTTP/1.1\r\nhost: ", self._host_header,
                 b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
@@ -446,8 +495,12 @@ class Pool:
         head.append(body)
         data = b"".join(head)
         for attempt in (0, 1):
-            conn, reused = await self._acquire()
+            conn, reused = await self._acquire(owner)
+            conn.owner = owner
+            conn.busy = True
             try:
+                if conn.evicted is not None:    # evicted while it connected
+                    raise conn.evicted
                 assert conn.transport is not None
                 conn.transport.write(data)
                 while not conn.headers_done:
@@ -466,6 +519,25 @@ class Pool:
                 raise
             return UpstreamResponse(conn, idle_timeout_s)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def evict(self, owner: object, exc: UpstreamEvicted) -> int:
+        """End the requests made with ``owner`` (:meth:`request`) whose answer's head has
+        not come: ``exc`` is raised in each (their connections close), in those waiting for
+        a connection too; one still connecting gets it once connected. Streams already
+        answering go on. Returns how many were ended or marked."""
+        n = 0
+        for c in list(self._conns):
+            if c.owner is owner and c.busy and not c.headers_done and c.evicted is None:
+                c.evicted = exc
+                n += 1
+                w = c.waiter
+                if w is not None and not w.done():
+                    w.set_exception(exc)
+        for fut, o in list(self._evictable.items()):
+            if o is owner and not fut.done():
+                fut.set_exception(exc)
+                n += 1
+        return n
 
     def close(self) -> None:
         self.closed = True

@@ -7,7 +7,7 @@ import asyncio
 
 from motor.config.schema import EngineKind, Role
 from motor.protocol.instances import Endpoint, Instance, InstanceState, InstanceTable
-from tests.cases.harness import FB, content, http, run_async, stream, wait_for
+from tests.cases.harness import FB, content, default_behave, http, run_async, stream, wait_for
 from tests.support.gateway import Gateway
 
 
@@ -71,6 +71,59 @@ async def test_b_request_waiting_on_a_removed_endpoint_is_redispatched():
         assert await wait_for(lambda: w.log[0].closed_at is not None)
         assert all(e.inflight == 0 for e in gw.table.endpoints.values())
     finally:
+        await gw.stop()
+        await w.stop()
+        await x.stop()
+
+
+@run_async
+async def test_c_a_leaving_rank_evicts_only_its_own_requests():
+    """Two DP ranks of one instance share the engine's port, so one connection pool: the
+    rank that leaves has its waiting request re-dispatched; the other rank's request, waiting
+    on a connection of the same pool, is left alone and gets its engine's answer."""
+    release = asyncio.Event()
+
+    async def first_two_wait(fb, req, resp, e):
+        if len(fb.log) <= 2:
+            await release.wait()         # holds its headers until the test lets it go
+        await default_behave(fb, req, resp, e)
+
+    w, x = await FB(behave=first_two_wait).start(), await FB().start()
+    gw = await Gateway([]).start()
+    try:
+        gw.table.apply(InstanceTable(version=1, instances=[
+            Instance(id="W", model="m", role=Role.UNION, engine=EngineKind.VLLM, node="n",
+                     endpoints=[Endpoint(host="127.0.0.1", port=w.port, dp_rank=r)
+                                for r in (0, 1)], state=InstanceState.READY)]))
+        eps = sorted(gw.table.endpoints.values(), key=lambda e: e.dp_rank)
+        assert len(eps) == 2 and eps[0].pool is eps[1].pool        # one pool for the port
+        body = b'{"model":"m","messages":[{"role":"user","content":"r%d"}],"max_tokens":2}'
+        reqs = [asyncio.ensure_future(http(gw.port, "POST", "/v1/chat/completions", body % i))
+                for i in range(2)]
+        assert await wait_for(lambda: len(w.log) == 2)              # one on each rank
+        assert all(e.inflight == 1 for e in eps)
+        gw.table.apply(InstanceTable(version=2, instances=[
+            Instance(id="W", model="m", role=Role.UNION, engine=EngineKind.VLLM, node="n",
+                     endpoints=[Endpoint(host="127.0.0.1", port=w.port, dp_rank=r)
+                                for r in (0, 1)], state=InstanceState.READY),
+            Instance(id="X", model="m", role=Role.UNION, engine=EngineKind.VLLM, node="n",
+                     endpoints=[Endpoint(host="127.0.0.1", port=x.port)],
+                     state=InstanceState.READY)]))
+        gw.table.set_ready(eps[0], False, "test: rank 0 out of rotation")
+        # rank 0's request goes elsewhere and is answered; rank 1's still waits on W
+        done, pending = await asyncio.wait(reqs, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1 and len(pending) == 1
+        st, _, _ = done.pop().result()
+        assert st == 200 and len(x.log) + len(w.log) == 3
+        assert await wait_for(lambda: sum(e.closed_at is not None for e in w.log[:2]) == 1)
+        assert eps[1].inflight == 1 and eps[0].inflight == 0
+        release.set()
+        st, _, body1 = await asyncio.wait_for(pending.pop(), 5)
+        assert st == 200 and b"tok0" in body1                       # W's answer, not an error
+        assert sum(e.complete for e in w.log[:2]) == 1
+        assert all(e.inflight == 0 for e in gw.table.endpoints.values())
+    finally:
+        release.set()
         await gw.stop()
         await w.stop()
         await x.stop()

@@ -165,8 +165,10 @@ class Bootstrap(PdPath):
                 up = await self.send(ep, ctx, body, self.prefill_timeout_s, self.prefill_timeout_s,
                                      fwd)
                 status = up.status
-                async with up:
-                    data = await read_whole(up, self.prefill_timeout_s)
+                data = up.read_now()     # came whole with its head: no wait
+                if data is None:
+                    async with up:
+                        data = await read_whole(up, self.prefill_timeout_s)
             except BaseException as e:
                 if obs is not None:
                     obs.end(span, error=type(e).__name__)

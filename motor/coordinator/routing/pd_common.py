@@ -489,8 +489,10 @@ class PdPath(RequestPath):
                     up = await self.send(ep, ctx, body, self.prefill_timeout_s,
                                          self.prefill_timeout_s, fwd)
                     status = up.status
-                    async with up:
-                        data = await read_whole(up, self.prefill_timeout_s)
+                    data = up.read_now()     # came whole with its head: no wait
+                    if data is None:
+                        async with up:
+                            data = await read_whole(up, self.prefill_timeout_s)
                     if status < 400:
                         lease.answered()
                 except (UpstreamTimeout, UpstreamClosed, OSError) as e:
@@ -722,8 +724,10 @@ class PdPath(RequestPath):
         if status >= 500 and status != 503:
             ep.failed()
         try:
-            async with up:
-                data = await read_whole(up, self.s.idle_timeout_s)
+            data = up.read_now()     # came whole with its head: no wait
+            if data is None:
+                async with up:
+                    data = await read_whole(up, self.s.idle_timeout_s)
         except (UpstreamTimeout, UpstreamClosed, OSError):
             data = b""
         PD_REQUESTS.labels(self.name, "decode_failed").inc()
@@ -738,8 +742,10 @@ class PdPath(RequestPath):
         resp, route = ctx.resp, ctx.route
         status = up.status
         try:
-            async with up:
-                data = await read_whole(up, self.s.idle_timeout_s)
+            data = up.read_now()     # came whole with its head: no wait
+            if data is None:
+                async with up:
+                    data = await read_whole(up, self.s.idle_timeout_s)
         except UpstreamTimeout as e:
             ep.failed()
             raise LegFailed(504, f"decode instance {ep.instance_id} stopped answering for "

@@ -37,7 +37,7 @@ from typing import Any
 from motor.config.schema import Role
 from motor.coordinator import metrics
 from motor.coordinator.admission import Refused
-from motor.coordinator.endpoints import EndpointState, EndpointTable, Lease, Waiting
+from motor.coordinator.endpoints import EndpointState, EndpointTable, Lease
 from motor.coordinator.observe import Obs
 from motor.coordinator.policy import Policy, RequestInfo
 from motor.coordinator.recovery import (END, REFUSE, StreamRecovery, Verdict, after_leg,
@@ -49,7 +49,7 @@ from motor.coordinator.routing.base import (ANSWERED, JSON, UNION, Headers, Pars
                                             engine_error_body, failure_text, note_status,
                                             parse_request, read_whole, relay_sse, settle_leg,
                                             transport_failed)
-from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
+from motor.http.client import UpstreamClosed, UpstreamEvicted, UpstreamResponse, UpstreamTimeout
 from motor.http.server import Request, Response
 from motor.protocol.openai import sse_error_event
 
@@ -167,8 +167,6 @@ class UnionPath(RequestPath):
         self.s = settings
         self.table = table
         self.policy = policy
-        #: the loop the requests run on, once known (:meth:`_current_task`)
-        self._loop: asyncio.AbstractEventLoop | None = None
         table.configure_caps(settings.max_inflight_per_instance, settings.shed_waiting,
                              settings.slot_wait_s, settings.engine_max_age_s)
 
@@ -370,18 +368,6 @@ class UnionPath(RequestPath):
             obs.end(span, None, f"{res.status}: {res.message}")
         return res
 
-    def _current_task(self) -> asyncio.Task[Any] | None:
-        """``asyncio.current_task()`` without a system call a request: on Python 3.11 the
-        running loop's lookup checks the process id with ``getpid`` (one system call in
-        five of a proxied request); the loop is looked up once and passed. A router serves
-        one loop; after another one (tests), the first miss looks it up again."""
-        loop = self._loop
-        task = asyncio.current_task(loop) if loop is not None else None
-        if task is None:
-            task = asyncio.current_task()
-            self._loop = task.get_loop() if task is not None else None
-        return task
-
     async def _attempt(self, ep: EndpointState, path: bytes, body: bytes,
                        fwd: list[tuple[bytes, bytes]], info: RequestInfo, load: Load,
                        stream: bool, retry_also: frozenset[int]) -> Fail | Whole | Opened | Retry:
@@ -395,20 +381,17 @@ class UnionPath(RequestPath):
         if self.policy.learns_ttft:
             lease.watch(self.policy.watch(ep, info))
         handed = False
-        task = self._current_task()
-        w = Waiting(task)       # evicted when ep leaves the routable set before the first byte
-        ep.waiting.add(w)
         try:
             try:
+                # owner=ep: evicted (UpstreamEvicted) when ep leaves the routable set before
+                # the answer's head (EndpointState.evict_waiting)
                 up = await ep.pool.request(b"POST", path, body, fwd,
                                            first_byte_timeout_s=s.first_byte_timeout_s,
                                            idle_timeout_s=s.stream_idle_step_s if stream
-                                           else s.idle_timeout_s)
-            except asyncio.CancelledError:
-                if w.evicted is not None and task is not None and task.uncancel() == 0:
-                    metrics.RETRIES.labels("endpoint_left").inc()
-                    return Retry(f"{ep.url}: {w.evicted}")
-                raise
+                                           else s.idle_timeout_s, owner=ep)
+            except UpstreamEvicted as e:
+                metrics.RETRIES.labels("endpoint_left").inc()
+                return Retry(f"{ep.url}: {e.reason}")
             except (UpstreamTimeout, UpstreamClosed, OSError) as e:
                 reason = transport_failed(ep, e)
                 if reason is None:
@@ -418,8 +401,6 @@ class UnionPath(RequestPath):
                 metrics.RETRIES.labels(reason).inc()
                 logger.debug("attempt on %s failed: %s", ep.url, e)
                 return Retry(failure_text(ep, e), busy=reason == "pool_wait")
-            finally:
-                ep.waiting.discard(w)
             status = up.status
             note_status(ep, status)
             ctype = up.header(b"content-type", JSON) or JSON
@@ -427,10 +408,13 @@ class UnionPath(RequestPath):
                 handed = True   # the stream holds the lease now
                 return Opened(ep, up, ctype, lease)
             try:
-                async with up:
-                    # opened with the idle timeout as its step (not a stream), silence is
-                    # the compiled read's own timeout: no step counting needed
-                    data = await (read_whole(up, s.idle_timeout_s) if stream else up.read())
+                data = up.read_now()    # came whole with its head: no wait
+                if data is None:
+                    async with up:
+                        # opened with the idle timeout as its step (not a stream), silence
+                        # is the compiled read's own timeout: no step counting needed
+                        data = await (read_whole(up, s.idle_timeout_s) if stream
+                                      else up.read())
                 if status < 400 and lease.watcher is not None:
                     lease.answered()
             except UpstreamTimeout as e:

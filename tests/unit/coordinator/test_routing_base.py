@@ -316,30 +316,3 @@ async def test_relay_sse_prefill_done_after_the_first_token_is_written() -> None
     assert seen == [role + tok]
     assert resp.out == role + tok + tok + b"data: [DONE]\n\n"
 
-
-def test_the_union_path_finds_its_current_task_on_every_loop_it_runs_on():
-    """UnionPath._current_task (the task an endpoint's eviction cancels) is the running task,
-    looked up once per loop and then read with the loop passed; a path that served another
-    loop before finds the new loop's task (never the old loop's, nor None)."""
-    from motor.coordinator.endpoints import EndpointTable
-    from motor.coordinator.policy.round_robin import RoundRobin
-    from motor.coordinator.routing.union import UnionPath
-    from motor.http.client import Client
-
-    client = Client()
-    try:
-        path = UnionPath(Settings(CoordinatorConfig()), EndpointTable(client), RoundRobin())
-
-        async def tasks() -> list[bool]:
-            async def one() -> bool:
-                await asyncio.sleep(0)
-                return path._current_task() is asyncio.current_task()
-            return list(await asyncio.gather(*(one() for _ in range(3))))
-
-        assert asyncio.run(tasks()) == [True] * 3
-        first = path._loop
-        assert first is not None
-        assert asyncio.run(tasks()) == [True] * 3          # another loop: looked up again
-        assert path._loop is not first
-    finally:
-        client.close()

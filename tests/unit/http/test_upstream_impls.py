@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from motor._fast import upstream
 from motor.http import client
-from motor.http.client import UpstreamClosed, UpstreamTimeout
+from motor.http.client import UpstreamClosed, UpstreamEvicted, UpstreamTimeout
 
 IMPLS: dict[str, Any] = {"python": client.Pool, "compiled": upstream.Pool}
 CONNS: dict[str, Any] = {"python": client._Conn, "compiled": upstream.Conn}
@@ -128,6 +128,8 @@ def err(e: BaseException) -> tuple[Any, ...]:
         out += ("timeout", e.phase, e.timeout_s)
     if isinstance(e, UpstreamClosed):
         out += ("closed", e.before_response)
+    if isinstance(e, UpstreamEvicted):
+        out += ("evicted", e.reason)
     return out
 
 
@@ -153,11 +155,11 @@ class Run:
     async def request(self, method: bytes = b"POST", path: bytes = b"/v1/x", body: bytes = b"{}",
                       headers: Any = ((b"content-type", b"application/json"),),
                       mode: str = "read", **kw: Any) -> Any:
-        """One request, its answer consumed by ``mode`` (``read``, ``iter``, ``next``,
-        ``lockstep``, ``none``: left open); logged."""
+        """One request, its answer consumed by ``mode`` (``read``, ``now``: ``read_now``
+        then ``read``, ``iter``, ``next``, ``lockstep``, ``none``: left open); logged."""
         try:
             r = await self.pool.request(method, path, body, headers, **kw)
-        except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+        except (UpstreamTimeout, UpstreamClosed, UpstreamEvicted, OSError) as e:
             self.log.append(("request-error", err(e)))
             return None
         self.log.append(("answer", r.status, list(r.headers), r.header(b"x-up"),
@@ -166,6 +168,12 @@ class Run:
             if mode == "read":
                 body = await r.read()
                 self.log.append(("body", body if len(body) < 4096 else (len(body), hash(body))))
+            elif mode == "now":     # read_now, then read when the body was not all there
+                now = r.read_now()
+                self.log.append(("now", now is not None))
+                body = now if now is not None else await r.read()
+                self.log.append(("body", body if len(body) < 4096 else (len(body), hash(body))))
+                self.log.append(("again", r.read_now()))     # done: None
             elif mode == "iter":
                 self.log.append(("body", b"".join([c async for c in r])))
             elif mode == "lockstep":
@@ -295,6 +303,22 @@ CASES: dict[str, tuple[list[Script], Scenario, dict[str, Any]]] = {
     "body-over-high-water": ([[("req",), ("send", b"HTTP/1.1 200 OK\r\ncontent-length: 1572864"
                                                   b"\r\n\r\n" + b"x" * 1572864),
                                ("req",), ("send", OK_5)]], sequential("read", "read"), {}),
+    "read-now-whole-with-head": ([[("req",), ("send", OK_5), ("req",),
+                                   ("send", b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"),
+                                   ("req",), ("send", CHUNKED_HEAD + b"2\r\nab\r\n0\r\n\r\n")]],
+                                 sequential("now", "now", "now"), {}),
+    "read-now-body-later": ([[("req",), ("send", OK_5[:-2]), ("pause", 0.02),
+                              ("send", OK_5[-2:]), ("req",), ("send", OK_BYE)]],
+                            sequential("now", "now"), {}),
+    "read-now-close-delimited": ([[("req",), ("send", b"HTTP/1.1 200 OK\r\n\r\nab"),
+                                   ("pause", 0.01), ("close",)], [("req",), ("send", OK_5)]],
+                                 sequential("now", "now"), {}),
+    "read-now-closed-mid-body": ([[("req",), ("send", b"HTTP/1.1 200 OK\r\ncontent-length: 9"
+                                                      b"\r\n\r\nabc"), ("close",)],
+                                  [("req",), ("send", OK_5)]], sequential("now", "now"), {}),
+    "read-now-over-high-water": ([[("req",), ("send", b"HTTP/1.1 200 OK\r\ncontent-length: "
+                                                      b"1572864\r\n\r\n" + b"x" * 1572864),
+                                   ("req",), ("send", OK_5)]], sequential("now", "now"), {}),
     "left-open-then-closed": ([[("req",), ("send", CHUNKED_HEAD + b"1\r\na\r\n"), ("hang",)],
                                [("req",), ("send", OK_5)]],
                               sequential("next", "read"), {}),
@@ -371,6 +395,61 @@ CASES["pool-closed-with-waiters"] = ([[("req",), ("send", CHUNKED_HEAD), ("hang"
 CASES["connection-refused"] = ([[("req",), ("send", OK_5)]], _refused, {})
 
 
+async def _evict_waiting(run: Run) -> None:
+    """Owner A's request waits for its head (connection 0 hangs), B's gets its answer
+    later (connection 1): evicting A ends A's only, once; A's next request is served."""
+    a, b = object(), object()
+    ta = asyncio.ensure_future(run.request(owner=a))
+    await asyncio.sleep(0.03)
+    tb = asyncio.ensure_future(run.request(owner=b))
+    await asyncio.sleep(0.03)
+    run.log.append(("evict", run.pool.evict(a, UpstreamEvicted("instance left"))))
+    run.log.append(("evict-again", run.pool.evict(a, UpstreamEvicted("again"))))
+    await ta
+    run.stats("after-evict")
+    await tb
+    run.stats()
+    await run.request(owner=a)
+    run.stats()
+
+
+async def _evict_pool_waiters(run: Run) -> None:
+    """One connection at most: A holds it (no answer), another A and a B wait for it;
+    evicting A ends both A's, B gets the connection's place and its answer."""
+    a, b = object(), object()
+    t1 = asyncio.ensure_future(run.request(owner=a))
+    await asyncio.sleep(0.03)
+    t2 = asyncio.ensure_future(run.request(owner=a))
+    t3 = asyncio.ensure_future(run.request(owner=b))
+    await asyncio.sleep(0.03)
+    run.stats("waiting")
+    run.log.append(("evict", run.pool.evict(a, UpstreamEvicted("instance left"))))
+    await t1
+    await t2
+    await t3
+    run.stats()
+
+
+async def _evict_connecting(run: Run) -> None:
+    """Evicted while its connection is being made: it ends once connected, nothing sent."""
+    a = object()
+    ta = asyncio.ensure_future(run.request(owner=a))
+    await asyncio.sleep(0)          # the request is in its connect now
+    run.log.append(("evict", run.pool.evict(a, UpstreamEvicted("instance left"))))
+    await ta
+    run.stats()
+    await run.request(owner=a)
+    run.stats()
+
+
+CASES["evict-connecting"] = ([[("req",), ("send", OK_5)]], _evict_connecting, {})
+CASES["evict-waiting-for-head"] = ([[("req",), ("hang",)],
+                                    [("req",), ("pause", 0.1), ("send", OK_5), ("req",),
+                                     ("send", OK_BYE)]], _evict_waiting, {})
+CASES["evict-pool-waiters"] = ([[("req",), ("hang",)], [("req",), ("send", OK_5)]],
+                               _evict_pool_waiters, {"max_connections": 1})
+
+
 def run_loop(loop: str, coro: Callable[[], Awaitable[None]]) -> None:
     if loop == "uvloop":
         uvloop.run(coro())  # type: ignore[arg-type]
@@ -396,6 +475,23 @@ def test_expected_observations() -> None:
         text, received, conns, _ = await play("compiled", *CASES["stale-keepalive-retried"][:2])
         assert conns == 2 and len(received[0]) == 2 and received[0][1] == received[1][0]
         assert "request-error" not in text and text.count("b'hello'") == 3
+        text, _, conns, _ = await play("compiled", *CASES["read-now-whole-with-head"][:2])
+        # the body taken without a wait, the connection kept for the next request
+        assert conns == 1 and text.count("('now', True)") == 3, text
+        assert "('body', b'hello')" in text and "('body', b'ab')" in text
+        text, _, _, _ = await play("compiled", *CASES["read-now-body-later"][:2])
+        assert "('now', False), ('body', b'hello')" in text, text
+        text, _, conns, _ = await play("compiled", *CASES["evict-waiting-for-head"][:2])
+        assert conns == 2 and "('evict', 1), ('evict-again', 0)" in text, text
+        assert text.count("'UpstreamEvicted', 'instance left', 'evicted', 'instance left'") == 1
+        assert "('body', b'hello')" in text and "('body', b'bye')" in text
+        text, received, conns, _ = await play("compiled", *CASES["evict-connecting"][:2])
+        assert conns == 2 and received[0] == [] and "('evict', 1)" in text, (text, received)
+        assert text.count("UpstreamEvicted") == 1 and "('body', b'hello')" in text
+        text, _, conns, _ = await play("compiled", *CASES["evict-pool-waiters"][:2],
+                                       max_connections=1)
+        assert conns == 2 and "('evict', 2)" in text and "('body', b'hello')" in text, text
+        assert text.count("UpstreamEvicted") == 2
         text, _, _, _ = await play("compiled", *CASES["stale-keepalive-retry-fails"][:2])
         assert "'closed', True" in text
         text, _, _, _ = await play("compiled", *CASES["closed-mid-body"][:2])
