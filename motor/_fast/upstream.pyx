@@ -699,18 +699,11 @@ cdef class UpstreamResponse:
         with :meth:`read`. A small answer usually comes with its head; this takes it
         without the coroutine of :meth:`read`."""
         cdef Conn c = self._conn
-        cdef list chunks
         if self._done or not c.complete or c.error is not None or c.paused:
             return None
-        chunks = c.chunks
-        if not chunks:
-            data = _EMPTY
-        elif len(chunks) == 1:
-            data = chunks[0]
-        else:
-            data = _EMPTY.join(chunks)
-        c.chunks = []
-        c.buffered = 0
+        data = self._step()         # the buffered body, or None: nothing left (finished)
+        if data is None:
+            return _EMPTY
         self._finish()
         return data
 
