@@ -45,6 +45,7 @@ cdef object _HttpParserError = httptools.HttpParserError
 cdef object _HttpParserUpgrade = httptools.HttpParserUpgrade
 cdef object _get_running_loop = asyncio.get_running_loop
 cdef object _wait_for = asyncio.wait_for
+cdef object _ensure_future = asyncio.ensure_future
 cdef object _deque = deque
 cdef object _AF_INETS = (socket.AF_INET, socket.AF_INET6)
 cdef object _IPPROTO_TCP = socket.IPPROTO_TCP
@@ -84,6 +85,35 @@ def bind(upstream_timeout not None, upstream_closed not None):
 def bound():
     """True once :func:`bind` was called."""
     return _UpstreamClosed is not None
+
+
+async def _connect_evictable(Conn conn, loop, made):
+    """Wait for ``made`` (the connect) on ``conn``'s waiter, which ``Pool.evict`` fails (as
+    ``motor.http.client.Pool._connect_evictable``): the connect runs in a task of its own,
+    cancelled when the wait ends first; a connection made after that is closed."""
+    w = conn.waiter = loop.create_future()
+    t = _ensure_future(made)
+
+    def done(t):
+        if t.cancelled():
+            return
+        e = t.exception()
+        if not w.done():
+            if e is None:
+                w.set_result(None)
+            else:
+                w.set_exception(e)
+        elif e is None:         # connected after the wait was given up
+            conn.close()
+    t.add_done_callback(done)
+    try:
+        await w
+    except BaseException:
+        if not t.done():
+            t.cancel()
+        raise
+    finally:
+        conn.waiter = None
 
 
 def _expire_wait(fut, wait_s):
@@ -794,10 +824,14 @@ cdef class Pool:
         conn.busy = True
         self._conns.add(conn)
         try:
-            await _wait_for(
+            made = _wait_for(
                 loop.create_connection(lambda: conn, self.host, self.port, ssl=self.tls,
                                        server_hostname=self.host if self.tls else None),
                 self.connect_timeout_s)
+            if owner is None:
+                await made
+            else:
+                await _connect_evictable(conn, loop, made)
         except TimeoutError:
             self._conns.discard(conn)
             raise _UpstreamTimeout("connect", self.connect_timeout_s) from None
@@ -833,8 +867,9 @@ cdef class Pool:
             loop = _get_running_loop()
             fut = loop.create_future()
             self._waiters.append(fut)
+            entry = None
             if owner is not None:
-                self._evictable[fut] = owner
+                entry = self._evictable[fut] = [owner, None]
             timer = loop.call_later(self.pool_wait_s, _expire_wait, fut, self.pool_wait_s) \
                 if self.pool_wait_s is not None else None
             try:
@@ -844,8 +879,12 @@ cdef class Pool:
                     timer.cancel()
                 if not fut.done():
                     fut.cancel()
-                if owner is not None:
+                if entry is not None:
                     self._evictable.pop(fut, None)
+            if entry is not None and entry[1] is not None:
+                # evicted after it was woken for a connection: the next waiter takes that one
+                self._wake_one()
+                raise entry[1]
 
     cdef _wake_one(self):
         while self._waiters:
@@ -856,6 +895,7 @@ cdef class Pool:
 
     cdef _release(self, Conn c):
         if c.closed or self.closed:
+            c.close()       # a closed pool keeps no connection open (an endpoint removed)
             self._drop(c)
             return
         if len(self._idle) >= self.max_idle and not self._waiters:
@@ -915,8 +955,6 @@ cdef class Pool:
             conn.owner = owner
             conn.busy = True
             try:
-                if conn.evicted is not None:    # evicted while it connected
-                    raise conn.evicted
                 assert conn.transport is not None
                 conn.transport.write(data)
                 while not conn.headers_done:
@@ -951,7 +989,7 @@ cdef class Pool:
     def evict(self, owner, exc):
         """End the requests made with ``owner`` whose answer's head has not come: ``exc``
         (an ``UpstreamEvicted``) is raised in each, as ``motor.http.client.Pool.evict``.
-        Returns how many were ended or marked."""
+        Returns how many were ended."""
         cdef Conn c
         cdef int n = 0
         for c in list(self._conns):
@@ -961,9 +999,11 @@ cdef class Pool:
                 w = c.waiter
                 if w is not None and not w.done():
                     w.set_exception(exc)
-        for fut, o in list(self._evictable.items()):
-            if o is owner and not fut.done():
-                fut.set_exception(exc)
+        for fut, entry in list(self._evictable.items()):
+            if entry[0] is owner and entry[1] is None:
+                entry[1] = exc
+                if not fut.done():
+                    fut.set_exception(exc)
                 n += 1
         return n
 

@@ -24,7 +24,7 @@ import os
 import ssl
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import cast
 
 import httptools
@@ -367,8 +367,9 @@ class Pool:
         self._waiters: deque[asyncio.Future[None]] = deque()
         #: every connection counted in (connecting, busy or idle): what :meth:`evict` scans
         self._conns: set[_Conn] = set()
-        #: the pool waits of requests made with an owner: future -> owner
-        self._evictable: dict[asyncio.Future[None], object] = {}
+        #: the pool waits of requests made with an owner: future -> [owner, the eviction's
+        #: exception or None] (a wait already woken when evicted still ends so)
+        self._evictable: dict[asyncio.Future[None], list[object]] = {}
         self._host_header = f"{host}:{port}".encode()
         self.closed = False
 
@@ -387,10 +388,14 @@ class Pool:
         conn.busy = True
         self._conns.add(conn)
         try:
-            await asyncio.wait_for(
+            made = asyncio.wait_for(
                 loop.create_connection(lambda: conn, self.host, self.port, ssl=self.tls,
                                        server_hostname=self.host if self.tls else None),
                 self.connect_timeout_s)
+            if owner is None:
+                await made
+            else:
+                await self._connect_evictable(conn, loop, made)
         except TimeoutError:
             self._conns.discard(conn)
             raise UpstreamTimeout("connect", self.connect_timeout_s) from None
@@ -398,6 +403,36 @@ class Pool:
             self._conns.discard(conn)
             raise
         return conn
+
+    @staticmethod
+    async def _connect_evictable(conn: _Conn, loop: asyncio.AbstractEventLoop,
+                                 made: Awaitable[object]) -> None:
+        """Wait for ``made`` (the connect) on ``conn``'s waiter, which :meth:`evict` fails:
+        the connect runs in a task of its own, cancelled when the wait ends first; a
+        connection made after that is closed."""
+        w = conn.waiter = loop.create_future()
+        t = asyncio.ensure_future(made)
+
+        def done(t: asyncio.Future[object]) -> None:
+            if t.cancelled():
+                return
+            e = t.exception()
+            if not w.done():
+                if e is None:
+                    w.set_result(None)
+                else:
+                    w.set_exception(e)
+            elif e is None:         # connected after the wait was given up
+                conn.close()
+        t.add_done_callback(done)
+        try:
+            await w
+        except BaseException:
+            if not t.done():
+                t.cancel()
+            raise
+        finally:
+            conn.waiter = None
 
     async def _acquire(self, owner: object = None) -> tuple[_Conn, bool]:
         while True:
@@ -417,8 +452,9 @@ class Pool:
             loop = asyncio.get_running_loop()
             fut = loop.create_future()
             self._waiters.append(fut)
+            entry: list[object] | None = None
             if owner is not None:
-                self._evictable[fut] = owner
+                entry = self._evictable[fut] = [owner, None]
             timer = loop.call_later(self.pool_wait_s, _expire_wait, fut, self.pool_wait_s) \
                 if self.pool_wait_s is not None else None
             try:
@@ -428,8 +464,12 @@ class Pool:
                     timer.cancel()
                 if not fut.done():
                     fut.cancel()
-                if owner is not None:
+                if entry is not None:
                     self._evictable.pop(fut, None)
+            if entry is not None and isinstance(entry[1], BaseException):
+                # evicted after it was woken for a connection: the next waiter takes that one
+                self._wake_one()
+                raise entry[1]
 
     def _wake_one(self) -> None:
         while self._waiters:
@@ -440,6 +480,7 @@ class Pool:
 
     def _release(self, c: _Conn) -> None:
         if c.closed or self.closed:
+            c.close()       # a closed pool keeps no connection open (an endpoint removed)
             self._drop(c)
             return
         if len(self._idle) >= self.max_idle and not self._waiters:
@@ -499,8 +540,6 @@ class Pool:
             conn.owner = owner
             conn.busy = True
             try:
-                if conn.evicted is not None:    # evicted while it connected
-                    raise conn.evicted
                 assert conn.transport is not None
                 conn.transport.write(data)
                 while not conn.headers_done:
@@ -523,8 +562,9 @@ class Pool:
     def evict(self, owner: object, exc: UpstreamEvicted) -> int:
         """End the requests made with ``owner`` (:meth:`request`) whose answer's head has
         not come: ``exc`` is raised in each (their connections close), in those waiting for
-        a connection too; one still connecting gets it once connected. Streams already
-        answering go on. Returns how many were ended or marked."""
+        a pooled connection (even one woken for a connection but not resumed yet) and those
+        connecting (the connect abandoned) too. Streams already answering go on. Returns
+        how many were ended."""
         n = 0
         for c in list(self._conns):
             if c.owner is owner and c.busy and not c.headers_done and c.evicted is None:
@@ -533,9 +573,11 @@ class Pool:
                 w = c.waiter
                 if w is not None and not w.done():
                     w.set_exception(exc)
-        for fut, o in list(self._evictable.items()):
-            if o is owner and not fut.done():
-                fut.set_exception(exc)
+        for fut, entry in list(self._evictable.items()):
+            if entry[0] is owner and entry[1] is None:
+                entry[1] = exc
+                if not fut.done():
+                    fut.set_exception(exc)
                 n += 1
         return n
 

@@ -430,19 +430,38 @@ async def _evict_pool_waiters(run: Run) -> None:
     run.stats()
 
 
-async def _evict_connecting(run: Run) -> None:
-    """Evicted while its connection is being made: it ends once connected, nothing sent."""
-    a = object()
-    ta = asyncio.ensure_future(run.request(owner=a))
-    await asyncio.sleep(0)          # the request is in its connect now
-    run.log.append(("evict", run.pool.evict(a, UpstreamEvicted("instance left"))))
-    await ta
-    run.stats()
+async def _evict_woken_waiter(run: Run) -> None:
+    """One connection at most: B (owner b) waits for it; A's answer read hands it back,
+    which wakes B, and b is evicted before B resumes: B ends evicted all the same (it never
+    sends), and the connection serves the next request."""
+    a, b = object(), object()
+    ra = await run.pool.request(b"POST", b"/v1/x", b"{}", (), owner=a)
+    tb = asyncio.ensure_future(run.request(owner=b))
+    await asyncio.sleep(0.03)
+    run.stats("b-waiting")
+    run.log.append(("a-body", ra.read_now()))       # the connection back: B woken
+    run.log.append(("evict", run.pool.evict(b, UpstreamEvicted("instance left"))))
+    await tb
+    run.stats("after-evict")
     await run.request(owner=a)
     run.stats()
 
 
-CASES["evict-connecting"] = ([[("req",), ("send", OK_5)]], _evict_connecting, {})
+async def _closed_pool_release(run: Run) -> None:
+    """The pool closes (its endpoint removed) while an answer is being read: the connection
+    closes once that answer ends, not kept open for nobody."""
+    r = await run.request(mode="next")
+    assert r is not None
+    run.pool.close()
+    run.log.append(("rest", await r.read()))
+    run.stats()
+
+
+CASES["closed-pool-release"] = ([[("req",), ("send", CHUNKED_HEAD + b"1\r\na\r\n"),
+                                  ("pause", 0.05), ("send", b"2\r\nbc\r\n0\r\n\r\n")]],
+                                _closed_pool_release, {})
+CASES["evict-woken-waiter"] = ([[("req",), ("send", OK_5), ("req",), ("send", OK_BYE)]],
+                               _evict_woken_waiter, {"max_connections": 1})
 CASES["evict-waiting-for-head"] = ([[("req",), ("hang",)],
                                     [("req",), ("pause", 0.1), ("send", OK_5), ("req",),
                                      ("send", OK_BYE)]], _evict_waiting, {})
@@ -485,9 +504,13 @@ def test_expected_observations() -> None:
         assert conns == 2 and "('evict', 1), ('evict-again', 0)" in text, text
         assert text.count("'UpstreamEvicted', 'instance left', 'evicted', 'instance left'") == 1
         assert "('body', b'hello')" in text and "('body', b'bye')" in text
-        text, received, conns, _ = await play("compiled", *CASES["evict-connecting"][:2])
-        assert conns == 2 and received[0] == [] and "('evict', 1)" in text, (text, received)
-        assert text.count("UpstreamEvicted") == 1 and "('body', b'hello')" in text
+        text, _, conns, eof = await play("compiled", *CASES["closed-pool-release"][:2])
+        assert "('rest', b'bc')" in text and conns == 1 and eof == [True], (text, eof)
+        text, received, conns, _ = await play("compiled", *CASES["evict-woken-waiter"][:2],
+                                              max_connections=1)
+        assert conns == 1 and len(received[0]) == 2, (text, received)   # B never sent
+        assert "('a-body', b'hello'), ('evict', 1)" in text and "('body', b'bye')" in text
+        assert text.count("UpstreamEvicted") == 1
         text, _, conns, _ = await play("compiled", *CASES["evict-pool-waiters"][:2],
                                        max_connections=1)
         assert conns == 2 and "('evict', 2)" in text and "('body', b'hello')" in text, text
@@ -749,3 +772,44 @@ def test_plain_chunked_body_is_decoded_here() -> None:
         body = b"".join(x[1] for x in log if x[0] == "piece" and x[1] is not None)
         assert body == b"data: a\n\n" + b"x" * 26 + b"y" * 15
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("impl", sorted(IMPLS))
+def test_evicted_while_connecting_ends_at_once(impl: str) -> None:
+    """A request still connecting (the engine's accept queue full: its SYN unanswered) is
+    ended by its owner's eviction at once, not after the connect timeout; nothing stays
+    counted open."""
+    import socket
+    import time
+
+    async def go() -> None:
+        lst = socket.socket()
+        lst.bind(("127.0.0.1", 0))
+        lst.listen(0)
+        port = lst.getsockname()[1]
+        fillers = []
+        for _ in range(4):          # fill the accept queue: later SYNs are dropped
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            fillers.append(s)
+        await asyncio.sleep(0.05)
+        pool = IMPLS[impl]("127.0.0.1", port, connect_timeout_s=10.0)
+        a = object()
+        try:
+            t = asyncio.ensure_future(pool.request(b"GET", b"/", b"", owner=a))
+            await asyncio.sleep(0.2)
+            assert not t.done()             # still connecting
+            t0 = time.monotonic()
+            assert pool.evict(a, UpstreamEvicted("instance left")) == 1
+            with pytest.raises(UpstreamEvicted, match="instance left"):
+                await asyncio.wait_for(t, 2.0)
+            assert time.monotonic() - t0 < 1.0
+            assert pool.open_connections == 0 and pool.idle_connections == 0
+            assert pool.evict(a, UpstreamEvicted("again")) == 0
+        finally:
+            pool.close()
+            for s in fillers:
+                s.close()
+            lst.close()
+    run_loop("uvloop", go)
