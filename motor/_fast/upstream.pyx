@@ -989,9 +989,12 @@ cdef class Pool:
     def evict(self, owner, exc):
         """End the requests made with ``owner`` whose answer's head has not come: ``exc``
         (an ``UpstreamEvicted``) is raised in each, as ``motor.http.client.Pool.evict``.
-        Returns how many were ended."""
+        Returns how many were ended (0 for owner ``None``: requests without one are never
+        evicted)."""
         cdef Conn c
         cdef int n = 0
+        if owner is None:
+            return 0
         for c in list(self._conns):
             if c.owner is owner and c.busy and not c.headers_done and c.evicted is None:
                 c.evicted = exc

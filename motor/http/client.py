@@ -564,8 +564,11 @@ class Pool:
         not come: ``exc`` is raised in each (their connections close), in those waiting for
         a pooled connection (even one woken for a connection but not resumed yet) and those
         connecting (the connect abandoned) too. Streams already answering go on. Returns
-        how many were ended."""
+        how many were ended (0 for owner ``None``: requests without one are never
+        evicted)."""
         n = 0
+        if owner is None:
+            return 0
         for c in list(self._conns):
             if c.owner is owner and c.busy and not c.headers_done and c.evicted is None:
                 c.evicted = exc

@@ -403,6 +403,7 @@ async def _evict_waiting(run: Run) -> None:
     await asyncio.sleep(0.03)
     tb = asyncio.ensure_future(run.request(owner=b))
     await asyncio.sleep(0.03)
+    run.log.append(("evict-none", run.pool.evict(None, UpstreamEvicted("no owner"))))
     run.log.append(("evict", run.pool.evict(a, UpstreamEvicted("instance left"))))
     run.log.append(("evict-again", run.pool.evict(a, UpstreamEvicted("again"))))
     await ta
@@ -501,7 +502,7 @@ def test_expected_observations() -> None:
         text, _, _, _ = await play("compiled", *CASES["read-now-body-later"][:2])
         assert "('now', False), ('body', b'hello')" in text, text
         text, _, conns, _ = await play("compiled", *CASES["evict-waiting-for-head"][:2])
-        assert conns == 2 and "('evict', 1), ('evict-again', 0)" in text, text
+        assert conns == 2 and "('evict-none', 0), ('evict', 1), ('evict-again', 0)" in text, text
         assert text.count("'UpstreamEvicted', 'instance left', 'evicted', 'instance left'") == 1
         assert "('body', b'hello')" in text and "('body', b'bye')" in text
         text, _, conns, eof = await play("compiled", *CASES["closed-pool-release"][:2])
