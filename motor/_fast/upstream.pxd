@@ -46,7 +46,6 @@ cdef class Conn:
     cdef ChunkSink sink
     cdef readonly Py_ssize_t pumped
     cdef object owner
-    cdef bint busy
     cdef object evicted
     cdef _reset(self)
     cdef _feed(self, data)

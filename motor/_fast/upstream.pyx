@@ -202,7 +202,6 @@ cdef class Conn:
         self.ch_mute = 0
         self.sink = None
         self.owner = None
-        self.busy = False
         self.evicted = None
 
     # -- asyncio.Protocol ---------------------------------------------------
@@ -821,7 +820,6 @@ cdef class Pool:
         loop = _get_running_loop()
         conn = Conn(self)
         conn.owner = owner
-        conn.busy = True
         self._conns.add(conn)
         try:
             made = _wait_for(
@@ -953,7 +951,6 @@ cdef class Pool:
             else:
                 conn, reused = await self._acquire(owner)
             conn.owner = owner
-            conn.busy = True
             try:
                 assert conn.transport is not None
                 conn.transport.write(data)
@@ -996,7 +993,7 @@ cdef class Pool:
         if owner is None:
             return 0
         for c in list(self._conns):
-            if c.owner is owner and c.busy and not c.headers_done and c.evicted is None:
+            if c.owner is owner and not c.headers_done and c.evicted is None:
                 c.evicted = exc
                 n += 1
                 w = c.waiter

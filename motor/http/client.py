@@ -78,7 +78,7 @@ class _Conn(asyncio.Protocol):
 
     __slots__ = ("pool", "transport", "parser", "status", "headers", "chunks", "buffered",
                  "headers_done", "complete", "error", "waiter", "paused", "got_bytes", "closed",
-                 "keep_alive", "timer", "counted_out", "interim", "owner", "busy", "evicted")
+                 "keep_alive", "timer", "counted_out", "interim", "owner", "evicted")
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
@@ -102,10 +102,9 @@ class _Conn(asyncio.Protocol):
         self.keep_alive = True
         self.timer: asyncio.TimerHandle | None = None
         self.interim = False
-        #: the request's ``owner`` (:meth:`Pool.request`) while one runs here, and whether
-        #: one does; ``evicted``: what :meth:`Pool.evict` raised into it
+        #: the ``owner`` of the request running here (:meth:`Pool.request`; None while
+        #: idle: reset when handed back); ``evicted``: what :meth:`Pool.evict` raised into it
         self.owner: object = None
-        self.busy = False
         self.evicted: UpstreamEvicted | None = None
 
     # asyncio.Protocol
@@ -385,7 +384,6 @@ class Pool:
         loop = asyncio.get_running_loop()
         conn = _Conn(self)
         conn.owner = owner
-        conn.busy = True
         self._conns.add(conn)
         try:
             made = asyncio.wait_for(
@@ -538,7 +536,6 @@ class Pool:
         for attempt in (0, 1):
             conn, reused = await self._acquire(owner)
             conn.owner = owner
-            conn.busy = True
             try:
                 assert conn.transport is not None
                 conn.transport.write(data)
@@ -570,7 +567,7 @@ class Pool:
         if owner is None:
             return 0
         for c in list(self._conns):
-            if c.owner is owner and c.busy and not c.headers_done and c.evicted is None:
+            if c.owner is owner and not c.headers_done and c.evicted is None:
                 c.evicted = exc
                 n += 1
                 w = c.waiter
