@@ -1,14 +1,21 @@
 """B09: an endpoint that leaves and rejoins with requests in flight: no negative counter, no
 500 after the engine finished, and a request waiting for a frozen endpoint's first byte is
-re-dispatched when the endpoint leaves (not left hanging until a transport timeout)."""
+re-dispatched when the endpoint leaves (not left hanging until a transport timeout), a PD
+leg too."""
 from __future__ import annotations
 
 import asyncio
 
+import orjson
+import pytest
+
 from motor.config.schema import EngineKind, Role
 from motor.protocol.instances import Endpoint, Instance, InstanceState, InstanceTable
+from motor.sim.engine import EngineConfig
+from motor.sim.server import SimServer
 from tests.cases.harness import FB, content, default_behave, http, run_async, stream, wait_for
 from tests.support.gateway import Gateway
+from tests.support.pd_sims import pd_cluster, stop_pd
 
 
 def table(version: int, fbs: dict[str, FB]) -> InstanceTable:
@@ -127,3 +134,59 @@ async def test_c_a_leaving_rank_evicts_only_its_own_requests():
         await gw.stop()
         await w.stop()
         await x.stop()
+
+
+# (mode, frozen role, client stream): the sims send a stream's head at once, so a streamed
+# leg is past its head and not evicted (it goes on); the P legs of prefill-first and
+# decode-first are never streamed, whatever the client asked
+PD_LEGS = [(m, r, False) for m in ("pd_prefill_first", "pd_decode_first", "pd_bootstrap")
+           for r in ("prefill", "decode")] + [
+    ("pd_prefill_first", "prefill", True), ("pd_decode_first", "prefill", True)]
+
+
+@pytest.mark.parametrize(("mode", "role", "stream"), PD_LEGS)
+@run_async
+async def test_d_a_pd_leg_waiting_on_a_leaving_instance_moves(mode: str, role: str,
+                                                              stream: bool) -> None:
+    """A PD leg waiting for the answer head of an instance that leaves the routable set is
+    taken off it at once (not after its 30 s first-byte timeout): sent to the other instance
+    of its role, or in bootstrap (the pair shares P's bootstrap room) failed with a 502. In
+    decode-first the frozen D has already called the metaserver, so the prefill it asked for
+    is dropped and the new D's call runs a new one."""
+    hits: list[SimServer] = []
+    gw, sims, _ = await pd_cluster(mode, EngineConfig(time_scale=0.05), hook=hits.append,
+                                   timeouts={"first_token_s": 30.0})
+    try:
+        frozen, other = [s for s in sims if s.opts.role == role]
+        ep_of = {e.port: e for e in gw.table.endpoints.values()}
+        frozen.faults.set({"mode": "hang"})
+        frozen._apply_global_fault()
+        gw.table.set_ready(ep_of[other.port], False, "test: only the frozen one routable")
+        body = orjson.dumps({"model": "m", "prompt": "hi " * 10, "max_tokens": 8,
+                             "ignore_eos": True, "stream": stream})
+        req = asyncio.ensure_future(http(gw.port, "POST", "/v1/completions", body, timeout=20))
+        assert await wait_for(lambda: frozen in hits)
+        await asyncio.sleep(0.2)            # the leg waits for the frozen instance's head
+        assert not req.done()
+        gw.table.set_ready(ep_of[other.port], True, "test: back")
+        gw.table.set_ready(ep_of[frozen.port], False, "test: the frozen one leaves")
+        st, _, got = await asyncio.wait_for(req, 8)
+        if mode == "pd_bootstrap":
+            assert st == 502 and b"left" in got, got
+        else:
+            assert st == 200, got
+            if stream:
+                evs = [ln[6:] for ln in got.split(b"\n") if ln.startswith(b"data: ")]
+                assert evs[-1] == b"[DONE]" and not any(b'"error"' in e for e in evs), got
+                chunks = [orjson.loads(e)["choices"][0] for e in evs[:-1]]
+                assert sum(1 for c in chunks if c["text"]) == 8, got       # a token an event
+                assert [c["finish_reason"] for c in chunks if c["finish_reason"]] == ["length"]
+            else:
+                assert orjson.loads(got)["usage"]["completion_tokens"] == 8, got
+            assert other in hits
+        assert await wait_for(lambda: all(e.inflight == 0 for e in gw.table.endpoints.values()))
+    finally:
+        for s in sims:
+            s.faults.set({"mode": "none"})
+            s._apply_global_fault()
+        await stop_pd(gw, sims)

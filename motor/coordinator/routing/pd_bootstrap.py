@@ -10,6 +10,8 @@ gets lists of that length with a distinct room each, like the gateway's
 ``inject_bootstrap_fields``. D's answer streams to the client; P's answer is read and
 dropped. P failing before D's first byte ends D at once (D would wait for KV that never
 comes) and the client gets P's error; D ending, failing or the client leaving cancels P.
+P or D leaving the routable set before its answer's head (evicted) fails the request at
+once with a 502: the pair shares a bootstrap room, so neither leg can move alone.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from motor.coordinator.metrics import PD_PREFILL, PD_REQUESTS
 from motor.coordinator.routing.base import (PREFILL, engine_error_body, note_status, read_whole,
                                             transport_failed)
 from motor.coordinator.routing.pd_common import Ctx, LegFailed, PdPath, failed_outcome
+from motor.http.client import UpstreamEvicted
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +79,8 @@ class Bootstrap(PdPath):
     name = "pd_bootstrap"
     #: SGLang decode instances wait for a prefill peer's KV: no local prefill
     local_ok = False
+    #: a D evicted before its answer's head joined P's room: failed, not moved (PdPath)
+    evicted_decode_moves = False
 
     async def bootstrap_port(self, ep: EndpointState) -> int | None:
         if ep.bootstrap_port is not None:
@@ -172,6 +177,13 @@ class Bootstrap(PdPath):
             except BaseException as e:
                 if obs is not None:
                     obs.end(span, error=type(e).__name__)
+                if isinstance(e, UpstreamEvicted):
+                    # P left the routable set before its answer's head: D waits for P's KV
+                    # through P's bootstrap server, so the pair cannot move; fail now, not
+                    # after the prefill timeout
+                    PD_REQUESTS.labels(self.name, "prefill_failed").inc()
+                    raise LegFailed(502, f"prefill instance {ep.instance_id} left: "
+                                         f"{e.reason}") from None
                 if not isinstance(e, (TimeoutError, ConnectionError, OSError)):
                     raise
                 transport_failed(ep, e)      # breaker and upstream_errors, as every leg

@@ -45,7 +45,7 @@ from motor.coordinator.routing.base import (DECODE, JSON, PREFILL, UNION, Parsed
                                             read_whole, relay_sse, settle_leg,
                                             transport_failed)
 from motor.coordinator.routing.union import UnionPath, prepare_traced
-from motor.http.client import UpstreamClosed, UpstreamResponse, UpstreamTimeout
+from motor.http.client import UpstreamClosed, UpstreamEvicted, UpstreamResponse, UpstreamTimeout
 from motor.http.server import Request, Response
 from motor.protocol.openai import error_body, max_tokens_of, sse_error_event
 
@@ -237,6 +237,10 @@ class PdPath(RequestPath):
     #: decode instance is then chosen again once the prefill is done (the joint cost given
     #: that prefill instance, on the decode instances' load of that moment)
     decode_after_prefill = False
+    #: whether a decode leg evicted (its instance left the routable set before the answer's
+    #: head) may go to another decode instance; False: it fails at once (bootstrap: that D
+    #: joined its P's bootstrap room, and another D would wait for KV that P sent the first)
+    evicted_decode_moves = True
 
     # -- entry ------------------------------------------------------------------------
     async def handle(self, route: Route, req: Request, resp: Response) -> None:
@@ -435,15 +439,21 @@ class PdPath(RequestPath):
                    idle_timeout_s: float, fwd: list[tuple[bytes, bytes]] | None = None
                    ) -> UpstreamResponse:
         """POST ``body`` to ``ep`` with the request's forwarded headers (``fwd``: a leg's own,
-        with its ``traceparent``)."""
+        with its ``traceparent``). Raises :class:`~motor.http.client.UpstreamEvicted` when
+        ``ep`` leaves the routable set before the answer's head
+        (:meth:`EndpointState.evict_waiting`), and the client's transport errors."""
         return await ep.pool.request(b"POST", ctx.path, body, ctx.fwd if fwd is None else fwd,
                                      first_byte_timeout_s=first_byte_timeout_s,
-                                     idle_timeout_s=idle_timeout_s)
+                                     idle_timeout_s=idle_timeout_s, owner=ep)
 
     def leg_transport_failed(self, leg: str, ep: EndpointState, e: BaseException) -> str:
         """A leg's transport failure on ``ep`` (:func:`transport_failed`): the text of the
         failure when the leg may be retried elsewhere; raises :class:`LegFailed` (504) for
-        a timeout once connected."""
+        a timeout once connected. An eviction (``ep`` left the routable set before the
+        answer's head) is retried and not held against ``ep``'s breaker."""
+        if isinstance(e, UpstreamEvicted):
+            metrics.RETRIES.labels("endpoint_left").inc()
+            return f"{ep.url}: {e.reason}"
         reason = transport_failed(ep, e)
         if reason is None:
             assert isinstance(e, UpstreamTimeout)
@@ -495,7 +505,7 @@ class PdPath(RequestPath):
                             data = await read_whole(up, self.prefill_timeout_s)
                     if status < 400:
                         lease.answered()
-                except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+                except (UpstreamTimeout, UpstreamClosed, OSError, UpstreamEvicted) as e:
                     if obs is not None:
                         obs.end(span, error=type(e).__name__)
                     last = self.leg_transport_failed("prefill", ep, e)
@@ -540,13 +550,15 @@ class PdPath(RequestPath):
                           retry: bool = True) -> tuple[EndpointState, UpstreamResponse, Lease]:
         """Send the decode leg; returns once its status and headers arrived, with the
         endpoint's lease still held (the caller releases it). A refused or reset connection
-        before any answer is retried on another decode (``retry``)."""
+        before any answer, or the instance leaving the routable set before its answer's head
+        (evicted), is retried on another decode (``retry``)."""
         s = self.s
         last = "no decode instance"
         exclude.update(ctx.avoid)   # a continuation avoids the decode that broke
         for attempt in range(s.max_attempts if retry else 1):
             if attempt:
                 await s.pause(attempt)
+                self.decode_moved(ctx)
             plan = ctx.plan
             ep: EndpointState | None
             ctx.d_choice = None
@@ -575,10 +587,14 @@ class PdPath(RequestPath):
             try:
                 up = await self.send(ep, ctx, body, s.first_byte_timeout_s,
                                      s.stream_idle_step_s, fwd)
-            except (UpstreamTimeout, UpstreamClosed, OSError) as e:
+            except (UpstreamTimeout, UpstreamClosed, OSError, UpstreamEvicted) as e:
                 lease.release()
                 if obs is not None:
                     obs.end(span, error=type(e).__name__)
+                if isinstance(e, UpstreamEvicted) and not self.evicted_decode_moves:
+                    PD_REQUESTS.labels(self.name, "decode_failed").inc()
+                    raise LegFailed(502, f"decode instance {ep.instance_id} left: "
+                                         f"{e.reason}") from None
                 last = self.leg_transport_failed("decode", ep, e)
                 if obs is not None:
                     obs.event("motor.retry", {"motor.leg": "decode", "motor.attempt": attempt,
@@ -596,6 +612,11 @@ class PdPath(RequestPath):
             return ep, up, lease
         PD_REQUESTS.labels(self.name, "decode_failed").inc()
         raise LegFailed(502, f"the decode leg failed: {last}")
+
+    def decode_moved(self, ctx: Ctx) -> None:
+        """:meth:`open_decode` sends the decode leg again, to another instance: undo what the
+        mode tied to the last one (nothing here; :class:`DecodeFirst` forgets the prefills
+        that the last one asked for)."""
 
     def _pick_decode(self, ctx: Ctx, exclude: set[EndpointState],
                      cands: list[EndpointState]) -> EndpointState | None:

@@ -11,7 +11,11 @@
    and answers the callback ``{"status":"ok"}`` once P is done (404 for an unknown id,
    502 when P failed; the connector ignores the answer);
 4. D's answer goes to the client. A failed P ends D at once (it would wait forever for
-   the KV) with P's error; the client leaving or D ending cancels P.
+   the KV) with P's error; the client leaving or D ending cancels P;
+5. D failing before its answer's head (connection refused or reset), or leaving the
+   routable set then (evicted: :meth:`PdPath.send`), moves the leg to another D: the
+   prefills the first D asked for are cancelled (their callbacks answered 502) and the new
+   D's callbacks run new ones (:meth:`DecodeFirst.decode_moved`).
 
 With ``pd.joint.enabled`` the pair is chosen at once (:meth:`PdPath.plan`: D's leg and
 then P's callback take the chosen instances when they still have room); a request planned
@@ -129,6 +133,21 @@ class DecodeFirst(PdPath):
             await self.end_legs(d_task)
             self.drop_decode(d_task)   # D answered the turn the request ended
 
+    def decode_moved(self, ctx: Ctx) -> None:
+        """The decode leg goes to another D (a retry: the last one failed or left before its
+        answer's head). A prefill the last D asked for pushes its KV to that D, so it is
+        cancelled and the child waits for the new D's metaserver call, which runs a new one
+        (without this the call was answered 404 and the new D failed the request)."""
+        for cid, _ in self.child_ids(ctx):
+            p = self.pending.get(cid)
+            if p is None or p.ctx is not ctx or not p.called:
+                continue
+            if p.p_task is not None:
+                p.p_task.cancel()
+            p.called = False
+            p.p_task = None
+            p.p_answer = None
+
     async def on_metaserver(self, req: Request, resp: Response) -> None:
         """D's connector calls back: run P for that child, answer when it is done."""
         try:
@@ -144,17 +163,19 @@ class DecodeFirst(PdPath):
         p.called = True
         ctx = p.ctx
         p_body = prefill_body(p.body, params, min_tokens_1=True)
-        p.p_task = asyncio.ensure_future(self.prefill(ctx, orjson.dumps(p_body), set()))
-        await asyncio.wait({p.p_task})
-        if p.p_task.cancelled():
-            resp.send(502, error_body(502, "the request ended before its prefill"))
+        task = p.p_task = asyncio.ensure_future(self.prefill(ctx, orjson.dumps(p_body), set()))
+        await asyncio.wait({task})
+        if task.cancelled() or p.p_task is not task:
+            # the request ended, or its decode leg moved to another D (decode_moved)
+            resp.send(502, error_body(502, "the prefill was cancelled: the request ended or "
+                                           "its decode leg moved to another instance"))
             return
-        err = p.p_task.exception()
+        err = task.exception()
         if err is not None:
             lf = err if isinstance(err, LegFailed) else LegFailed(502, f"prefill failed: {err}")
             if not p.failed.done():
                 p.failed.set_result(lf)
             resp.send(502, error_body(502, lf.message))
             return
-        _, p.p_answer = p.p_task.result()
+        _, p.p_answer = task.result()
         resp.send(200, b'{"status":"ok"}')
