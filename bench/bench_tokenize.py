@@ -15,6 +15,7 @@ Run::
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -102,3 +103,37 @@ def test_block_key_chat_seen_again(benchmark, sources):
         toks.block_key("chat", body, 16)
     count, hashes = benchmark(toks.block_key, "chat", body, 16)
     assert len(hashes) == count // 16 and len(toks.get("m").prefixes) == 2
+
+
+@pytest.fixture(scope="module")
+def trained_bpe() -> dict:
+    """The ``model`` of a byte-level BPE with merges (trained here on English-like text;
+    the sim's has none), for the new-word benchmark."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    text = [_HARNESS_SYSTEM + f" Question {i}: please summarise the following text about "
+            "routers, gateways, schedulers and caches in two sentences." for i in range(200)]
+    tk.train_from_iterator(text, trainers.BpeTrainer(
+        vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return json.loads(tk.to_str())["model"]
+
+
+@pytest.mark.parametrize("impl", ["compiled", "library"])
+def test_new_word(benchmark, trained_bpe, impl):
+    """A word the word cache has not seen (what every new user turn has a few of): its ids
+    from the compiled merges (``motor._fast.bpe``) against the library's model (a
+    ``tokenize`` call and its ``Token`` objects), through the word cache's miss."""
+    from tokenizers import Tokenizer, models
+
+    from motor._fast.bpe import ByteLevelBpe
+    from motor._fast.pretok import ByteLevelMiss
+    from motor.coordinator.tokenize import WordCache
+    benchmark.group = "tokenize.new_word[bpe with merges]"
+    m = trained_bpe
+    model = Tokenizer(models.BPE(m["vocab"], [tuple(x) for x in m["merges"]])).model
+    bpe = ByteLevelBpe(m["vocab"], m["merges"]) if impl == "compiled" else None
+    miss = ByteLevelMiss(WordCache(), model, bpe)
+    n = itertools.count()
+    ids = benchmark(lambda: miss(f" gateways{next(n)}"))
+    assert ids and all(isinstance(i, int) for i in ids)

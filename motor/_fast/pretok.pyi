@@ -2,6 +2,8 @@
 from collections.abc import Callable
 from typing import Any
 
+from motor._fast.bpe import ByteLevelBpe
+
 def split_ascii_words(text: str) -> list[str]:
     """The words (pre-tokens) of ASCII ``text`` in order; ValueError when not ASCII."""
 
@@ -23,6 +25,7 @@ def split_added(text: str, prefix: str, names: tuple[str, ...],
 class ByteLevelMiss:
     """``encode_ascii_words``' ``miss`` for a byte-level BPE: a word's ids from ``words.old``
     (moved to ``words.cur``), else ``model.tokenize`` of its bytes in the byte-level
-    alphabet (kept in ``words.cur``, generations as ``WordCache``'s)."""
-    def __init__(self, words: Any, model: Any) -> None: ...
+    alphabet (kept in ``words.cur``, generations as ``WordCache``'s); with ``bpe``, its
+    compiled merges instead of ``model`` (which still takes a word with no token there)."""
+    def __init__(self, words: Any, model: Any, bpe: ByteLevelBpe | None = None) -> None: ...
     def __call__(self, word: str) -> list[int]: ...

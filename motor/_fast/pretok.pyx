@@ -34,6 +34,8 @@ from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_Substring
 from libc.string cimport memchr, memcmp
 
+from motor._fast.bpe cimport ByteLevelBpe
+
 cdef extern from "Python.h":
     int PyUnicode_IS_ASCII(object) except -1
     int PyUnicode_KIND(object)
@@ -348,17 +350,21 @@ cdef class ByteLevelMiss:
     ``words``: an object with ``cur`` and ``old`` (dict word -> list of ids) and
     ``max_words``: when ``cur`` holds ``max_words`` it becomes ``old`` (the older is
     dropped) and a new ``cur`` starts (:class:`motor.coordinator.tokenize.WordCache`'s
-    rule). ``model``: a ``tokenizers`` model (``tokenize(str)`` -> tokens with ``id``).
+    rule). ``model``: a ``tokenizers`` model (``tokenize(str)`` -> tokens with ``id``);
+    ``bpe``: that model's merges compiled (:class:`motor._fast.bpe.ByteLevelBpe`), used
+    instead of ``model`` when given (``model`` still takes a word ``bpe`` has no token for).
 
     Calling it raises ValueError for a word that is not ASCII, and what ``model`` raises.
     """
     cdef object words
     cdef object model
+    cdef ByteLevelBpe bpe
     cdef Py_ssize_t max_words
 
-    def __init__(self, words, model):
+    def __init__(self, words, model, ByteLevelBpe bpe=None):
         self.words = words
         self.model = model
+        self.bpe = bpe
         self.max_words = words.max_words
 
     cdef inline void _put(self, str word, list ids) except *:
@@ -382,6 +388,11 @@ cdef class ByteLevelMiss:
         n = PyUnicode_GET_LENGTH(word)
         if not PyUnicode_IS_ASCII(word):
             raise ValueError("word is expected to be ASCII")
+        if self.bpe is not None:
+            got = self.bpe.encode_ascii(word)
+            if got is not None:
+                self._put(word, <list>got)
+                return got
         s = PyUnicode_1BYTE_DATA(word)
         wide = False
         for i in range(n):

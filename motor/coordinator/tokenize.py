@@ -63,6 +63,7 @@ import orjson
 from motor._fast.chatplan import assemble as _assemble
 from motor._fast.chatplan import plan_cut
 from motor._fast.hashing import block_hashes, extend_hashes
+from motor._fast.bpe import ByteLevelBpe
 from motor._fast.pretok import ByteLevelMiss, WordIds, encode_ascii_words, split_added
 from motor.protocol import chat_tokenizer
 
@@ -156,6 +157,9 @@ class RoutingTokenizer:
         #: model on its bytes in the byte-level alphabet (:class:`~motor._fast.pretok.ByteLevelMiss`
         #: compiled; made on first use)
         self._word_miss: ByteLevelMiss | None = None
+        #: the BPE model's merges compiled, for those words (:func:`compiled_bpe`; None:
+        #: the library's model encodes them)
+        self._bpe: ByteLevelBpe | None = None
         self.recent_words = WordIds(WORDS_RECENT)
         #: hash-chain state after a chat's leading plan elements: (block size, salt,
         #: *elements) -> (tokens, hashes of their full blocks, ids of the partial block);
@@ -190,6 +194,8 @@ class RoutingTokenizer:
                 self._splice_plans = _splice_plans_exact(pre, names)
             self._words_re = word_splitter(tj)
             self._model = self._tok.model
+            if self._words_re is not None:
+                self._bpe = compiled_bpe(tj)
         except Exception as e:  # noqa: BLE001 - file missing / malformed: one clear error
             raise ValueError(f"tokenizer directory {str(d)!r} is expected to hold tokenizer.json "
                              f"and tokenizer_config.json: {e}") from None
@@ -383,7 +389,7 @@ class RoutingTokenizer:
             return ids
         miss = self._word_miss
         if miss is None:
-            miss = self._word_miss = ByteLevelMiss(self.words, self._model)
+            miss = self._word_miss = ByteLevelMiss(self.words, self._model, self._bpe)
         return encode_ascii_words(piece, self.words, miss, self.recent_words)
 
     def encode_chat(self, text: str, plan: list[str | int] | None = None) -> list[int]:
@@ -578,6 +584,27 @@ def word_splitter(tokenizer_json: dict[str, Any]) -> re.Pattern[str] | None:
     if model.get("type") != "BPE" or model.get("dropout") not in (None, 0, 0.0):
         return None
     return _BYTE_LEVEL_ASCII
+
+
+def compiled_bpe(tokenizer_json: dict[str, Any]) -> ByteLevelBpe | None:
+    """The merges of a :func:`word_splitter` tokenizer's BPE model compiled
+    (:class:`motor._fast.bpe.ByteLevelBpe`: a missing word's ids without the library's
+    ``Token`` objects), or ``None`` when the model has an option it does not apply
+    (a continuing-subword prefix, an end-of-word suffix) or its merges do not load (the
+    library's model then encodes the words, as before)."""
+    model = tokenizer_json.get("model")
+    if not isinstance(model, dict) or model.get("continuing_subword_prefix") \
+            or model.get("end_of_word_suffix"):
+        return None
+    vocab, merges = model.get("vocab"), model.get("merges")
+    if not isinstance(vocab, dict) or not isinstance(merges, list):
+        return None
+    try:
+        return ByteLevelBpe(vocab, merges, bool(model.get("ignore_merges", False)))
+    except ValueError as e:
+        logger.info("routing tokenizer: BPE merges not compiled (%s); the library encodes "
+                    "new words", e)
+        return None
 
 
 class WordCache:
