@@ -269,7 +269,7 @@ class EndpointState:
 
     def evict_waiting(self, why: str) -> None:
         """End the attempts on this endpoint still waiting for their answer's head (those
-        made with ``owner=`` this endpoint: the union path's); each gets
+        made with ``owner=`` this endpoint: the union path's and the PD legs'); each gets
         :class:`~motor.http.client.UpstreamEvicted` ``(why)`` and retries elsewhere."""
         if self.pool is not None:
             self.pool.evict(self, UpstreamEvicted(why))

@@ -136,26 +136,30 @@ async def test_c_a_leaving_rank_evicts_only_its_own_requests():
         await x.stop()
 
 
-# (mode, frozen role, client stream): the sims send a stream's head at once, so a streamed
-# leg is past its head and not evicted (it goes on); the P legs of prefill-first and
-# decode-first are never streamed, whatever the client asked
-PD_LEGS = [(m, r, False) for m in ("pd_prefill_first", "pd_decode_first", "pd_bootstrap")
+# (mode, frozen role, client stream, retries.max_attempts): the sims send a stream's head at
+# once, so a streamed leg is past its head and not evicted (it goes on); the P legs of
+# prefill-first and decode-first are never streamed, whatever the client asked
+PD_LEGS = [(m, r, False, 3) for m in ("pd_prefill_first", "pd_decode_first", "pd_bootstrap")
            for r in ("prefill", "decode")] + [
-    ("pd_prefill_first", "prefill", True), ("pd_decode_first", "prefill", True)]
+    ("pd_prefill_first", "prefill", True, 3), ("pd_decode_first", "prefill", True, 3),
+    ("pd_bootstrap", "prefill", False, 1), ("pd_bootstrap", "decode", False, 1)]
 
 
-@pytest.mark.parametrize(("mode", "role", "stream"), PD_LEGS)
+@pytest.mark.parametrize(("mode", "role", "stream", "attempts"), PD_LEGS)
 @run_async
 async def test_d_a_pd_leg_waiting_on_a_leaving_instance_moves(mode: str, role: str,
-                                                              stream: bool) -> None:
+                                                              stream: bool,
+                                                              attempts: int) -> None:
     """A PD leg waiting for the answer head of an instance that leaves the routable set is
-    taken off it at once (not after its 30 s first-byte timeout): sent to the other instance
-    of its role, or in bootstrap (the pair shares P's bootstrap room) failed with a 502. In
-    decode-first the frozen D has already called the metaserver, so the prefill it asked for
-    is dropped and the new D's call runs a new one."""
+    taken off it at once (not after its 30 s first-byte timeout) and sent to the other
+    instance of its role. In decode-first the frozen D has already called the metaserver, so
+    the prefill it asked for is dropped and the new D's call runs a new one. In bootstrap
+    the pair shares P's bootstrap room, so the whole pair is chosen again (a new room), or,
+    with no attempt left, the client gets a 502 at once."""
     hits: list[SimServer] = []
     gw, sims, _ = await pd_cluster(mode, EngineConfig(time_scale=0.05), hook=hits.append,
-                                   timeouts={"first_token_s": 30.0})
+                                   timeouts={"first_token_s": 30.0},
+                                   retries={"max_attempts": attempts, "backoff_s": 0.0})
     try:
         frozen, other = [s for s in sims if s.opts.role == role]
         ep_of = {e.port: e for e in gw.table.endpoints.values()}
@@ -171,7 +175,7 @@ async def test_d_a_pd_leg_waiting_on_a_leaving_instance_moves(mode: str, role: s
         gw.table.set_ready(ep_of[other.port], True, "test: back")
         gw.table.set_ready(ep_of[frozen.port], False, "test: the frozen one leaves")
         st, _, got = await asyncio.wait_for(req, 8)
-        if mode == "pd_bootstrap":
+        if attempts == 1:
             assert st == 502 and b"left" in got, got
         else:
             assert st == 200, got

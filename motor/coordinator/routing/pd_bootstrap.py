@@ -10,8 +10,9 @@ gets lists of that length with a distinct room each, like the gateway's
 ``inject_bootstrap_fields``. D's answer streams to the client; P's answer is read and
 dropped. P failing before D's first byte ends D at once (D would wait for KV that never
 comes) and the client gets P's error; D ending, failing or the client leaving cancels P.
-P or D leaving the routable set before its answer's head (evicted) fails the request at
-once with a 502: the pair shares a bootstrap room, so neither leg can move alone.
+P or D leaving the routable set before its answer's head (evicted) ends the pair at once:
+the pair shares a bootstrap room, so neither leg can move alone; while nothing reached the
+client a new pair (a new room) is chosen, at most ``retries.max_attempts`` pairs, then 502.
 """
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ from typing import Any
 import orjson
 
 from motor.coordinator.endpoints import EndpointState, Lease
-from motor.coordinator.metrics import PD_PREFILL, PD_REQUESTS
+from motor.coordinator.metrics import PD_PREFILL, PD_REQUESTS, RETRIES
 from motor.coordinator.routing.base import (PREFILL, engine_error_body, note_status, read_whole,
                                             transport_failed)
-from motor.coordinator.routing.pd_common import Ctx, LegFailed, PdPath, failed_outcome
+from motor.coordinator.routing.pd_common import Ctx, LegEvicted, LegFailed, PdPath, failed_outcome
 from motor.http.client import UpstreamEvicted
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,8 @@ class Bootstrap(PdPath):
     name = "pd_bootstrap"
     #: SGLang decode instances wait for a prefill peer's KV: no local prefill
     local_ok = False
-    #: a D evicted before its answer's head joined P's room: failed, not moved (PdPath)
+    #: a D evicted before its answer's head joined P's room: not moved alone (PdPath); the
+    #: pair is chosen again (run)
     evicted_decode_moves = False
 
     async def bootstrap_port(self, ep: EndpointState) -> int | None:
@@ -102,6 +104,24 @@ class Bootstrap(PdPath):
         return None
 
     async def run(self, ctx: Ctx) -> None:
+        """Run a pair; when one of its legs is evicted (its instance left the routable set
+        before its answer's head: :class:`LegEvicted`) while nothing reached the client,
+        run a new pair (a new room), at most ``retries.max_attempts`` pairs in all."""
+        s = self.s
+        for attempt in range(s.max_attempts):
+            if attempt:
+                await s.pause(attempt)
+            try:
+                await self._pair(ctx)
+                return
+            except LegEvicted as e:
+                if attempt + 1 >= s.max_attempts or ctx.resp.started:
+                    PD_REQUESTS.labels(self.name, f"{e.leg}_failed").inc()
+                    raise
+                RETRIES.labels("endpoint_left").inc()
+                logger.debug("pd_bootstrap: %s; the pair is chosen again", e.message)
+
+    async def _pair(self, ctx: Ctx) -> None:
         # both legs run at once: the pair is taken with room on both sides (a P slot held
         # while waiting for a D slot held by a request waiting for a P slot never happens)
         plan = await self.plan(ctx)
@@ -179,11 +199,8 @@ class Bootstrap(PdPath):
                     obs.end(span, error=type(e).__name__)
                 if isinstance(e, UpstreamEvicted):
                     # P left the routable set before its answer's head: D waits for P's KV
-                    # through P's bootstrap server, so the pair cannot move; fail now, not
-                    # after the prefill timeout
-                    PD_REQUESTS.labels(self.name, "prefill_failed").inc()
-                    raise LegFailed(502, f"prefill instance {ep.instance_id} left: "
-                                         f"{e.reason}") from None
+                    # through P's bootstrap server, so P cannot move alone (run: a new pair)
+                    raise LegEvicted("prefill", ep, e.reason) from None
                 if not isinstance(e, (TimeoutError, ConnectionError, OSError)):
                     raise
                 transport_failed(ep, e)      # breaker and upstream_errors, as every leg

@@ -66,6 +66,16 @@ class LegFailed(Exception):
         self.retry_after_s = retry_after_s
 
 
+class LegEvicted(LegFailed):
+    """A leg's instance left the routable set before its answer's head in a mode whose legs
+    cannot move alone (``pd_bootstrap``: the pair shares P's bootstrap room): the pair may
+    be chosen again while nothing reached the client, else the client gets this 502."""
+
+    def __init__(self, leg: str, ep: EndpointState, reason: str) -> None:
+        super().__init__(502, f"{leg} instance {ep.instance_id} left: {reason}")
+        self.leg = leg
+
+
 class Ctx:
     """One PD request (or one continuation of a broken decode stream): the body, headers
     to forward, ids, timing, and the stream's recovery state shared by its legs."""
@@ -238,8 +248,9 @@ class PdPath(RequestPath):
     #: that prefill instance, on the decode instances' load of that moment)
     decode_after_prefill = False
     #: whether a decode leg evicted (its instance left the routable set before the answer's
-    #: head) may go to another decode instance; False: it fails at once (bootstrap: that D
-    #: joined its P's bootstrap room, and another D would wait for KV that P sent the first)
+    #: head) may go to another decode instance; False: :class:`LegEvicted` is raised
+    #: (bootstrap: that D joined its P's bootstrap room, and another D would wait for KV
+    #: that P sent the first; the mode chooses the pair again)
     evicted_decode_moves = True
 
     # -- entry ------------------------------------------------------------------------
@@ -592,9 +603,7 @@ class PdPath(RequestPath):
                 if obs is not None:
                     obs.end(span, error=type(e).__name__)
                 if isinstance(e, UpstreamEvicted) and not self.evicted_decode_moves:
-                    PD_REQUESTS.labels(self.name, "decode_failed").inc()
-                    raise LegFailed(502, f"decode instance {ep.instance_id} left: "
-                                         f"{e.reason}") from None
+                    raise LegEvicted("decode", ep, e.reason) from None
                 last = self.leg_transport_failed("decode", ep, e)
                 if obs is not None:
                     obs.event("motor.retry", {"motor.leg": "decode", "motor.attempt": attempt,
