@@ -14,9 +14,10 @@ with a ``key`` (str) and, when ``local_loads`` is true, the three counters (ints
 
 Attributes that are ``__slots__`` members (``EndpointState``'s) are read at their byte offset
 in the object: the offsets are looked up once per type (the member descriptors the type's
-attribute lookup finds) and kept while the type is unchanged (its version tag, which
-CPython clears on any change of the type or its bases). Any other object, a type with its
-own ``__getattribute__``, or a slot left unset, goes through the ordinary attribute read.
+attribute lookup finds; :mod:`motor._fast.slots`) and kept while the type is unchanged (its
+version tag, which CPython clears on any change of the type or its bases). Any other
+object, a type with its own ``__getattribute__`` or ``__setattr__``, or a slot left unset,
+goes through the ordinary attribute read.
 """
 from cpython.dict cimport PyDict_GetItemWithError
 from cpython.float cimport PyFloat_AsDouble
@@ -30,36 +31,9 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-cdef extern from *:
-    """
-    #include "structmember.h"
-    /* The byte offset of the object slot that ``name`` reads on instances of ``tp`` (the
-       member descriptor of a __slots__ entry its attribute lookup finds), -1 when the
-       attribute is anything else or ``tp`` has its own attribute lookup. */
-    static Py_ssize_t col_member_offset(PyTypeObject *tp, PyObject *name) {
-        PyObject *d;
-        PyMemberDef *m;
-        if (tp->tp_getattro != PyObject_GenericGetAttr) return -1;
-        d = _PyType_Lookup(tp, name);
-        if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type) return -1;
-        if (!PyType_IsSubtype(tp, PyDescr_TYPE(d))) return -1;
-        m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type != T_OBJECT_EX) return -1;
-        return m->offset;
-    }
-    /* ``tp``'s version tag, 0 when it has none (never assigned, or cleared by a change:
-       PyType_Modified sets it to 0 on every version, with or without the flag). */
-    static inline unsigned int col_type_tag(PyTypeObject *tp) {
-        return tp->tp_version_tag;
-    }
-    /* The object in ``o``'s slot at ``off`` (borrowed), NULL when unset. */
-    static inline PyObject *col_slot(PyObject *o, Py_ssize_t off) {
-        return *(PyObject **)((char *)o + off);
-    }
-    """
-    Py_ssize_t col_member_offset(PyTypeObject *tp, object name) except? -2
-    unsigned int col_type_tag(PyTypeObject *tp) noexcept
-    PyObject *col_slot(PyObject *o, Py_ssize_t off) noexcept
+from motor._fast.slots cimport motor_member_offset as col_member_offset
+from motor._fast.slots cimport motor_slot as col_slot
+from motor._fast.slots cimport motor_type_tag as col_type_tag
 
 #: the endpoint attributes gather reads, in the order of the offsets below
 cdef enum:

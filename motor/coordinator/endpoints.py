@@ -247,9 +247,10 @@ class EndpointState:
         released, exactly once (``with ep.lease(...)`` or :meth:`Lease.release`).
 
         ``tokens``: prompt + max_tokens; ``prefill_tokens``: the uncached prompt tokens
-        still to compute; ``decode_tokens``: max_tokens."""
-        self.acquire(tokens, prefill_tokens, decode_tokens)
-        return Lease(self, tokens, prefill_tokens, decode_tokens)
+        still to compute; ``decode_tokens``: max_tokens. The lease is
+        :class:`motor._fast.lease.Lease` when built (the same effects, compiled), else
+        :class:`Lease`."""
+        return LEASE(self, tokens, prefill_tokens, decode_tokens)
 
     def prefill_done(self, prefill_tokens: int) -> None:
         """The engine sent a request's first token: its prefill is over, so its
@@ -279,7 +280,9 @@ class EndpointState:
 
 
 class Lease:
-    """One request's load on one endpoint (:meth:`EndpointState.lease`).
+    """One request's load on one endpoint (:meth:`EndpointState.lease`): made, it counts the
+    request (:meth:`EndpointState.acquire`); :meth:`release` gives it back. The pure-Python
+    reference of :class:`motor._fast.lease.Lease`, which the endpoints use when built.
 
     :meth:`prefill_done` moves its prefill tokens out of the endpoint's in-flight prefill
     at the first token; :meth:`release` gives back what is still counted. Both are
@@ -290,12 +293,13 @@ class Lease:
 
     __slots__ = ("ep", "tokens", "prefill_tokens", "decode_tokens", "_held", "watcher", "_t0")
 
-    def __init__(self, ep: EndpointState, tokens: int, prefill_tokens: int,
-                 decode_tokens: int) -> None:
+    def __init__(self, ep: EndpointState, tokens: int = 0, prefill_tokens: int = 0,
+                 decode_tokens: int = 0) -> None:
         self.ep = ep
         self.tokens = tokens
         self.prefill_tokens = prefill_tokens
         self.decode_tokens = decode_tokens
+        ep.acquire(tokens, prefill_tokens, decode_tokens)
         self._held = True
         #: the TTFT callback (:meth:`watch`), None when nothing learns from this attempt
         self.watcher: Callable[[float], object] | None = None
@@ -338,6 +342,15 @@ class Lease:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+try:
+    from motor._fast.lease import Lease as _CompiledLease
+except ImportError:  # pragma: no cover - the extensions not built: the reference
+    _CompiledLease = None  # type: ignore[assignment, misc]
+
+#: what :meth:`EndpointState.lease` makes: the compiled lease when built
+LEASE: type[Lease] = _CompiledLease if _CompiledLease is not None else Lease  # type: ignore[assignment]
 
 
 class EndpointTable:

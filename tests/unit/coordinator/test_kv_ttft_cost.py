@@ -192,6 +192,9 @@ def test_each_decision_is_logged_with_its_terms_and_units(caplog) -> None:
 
 
 class _LeaseEp:
+    def acquire(self, *a: int) -> None:
+        pass
+
     def prefill_done(self, n: int) -> None:
         pass
 
