@@ -32,6 +32,7 @@ cdef extern from "Python.h":
 cdef uint32_t NO_RANK = 0xFFFFFFFF
 cdef enum:
     STACK_WORD = 64         # words up to this long are merged in arrays on the stack
+    MAX_WORD = 256          # longer words are left to the library (see encode)
 
 
 cdef inline uint64_t _slot(uint64_t key, uint64_t mask) noexcept nogil:
@@ -93,7 +94,9 @@ cdef class ByteLevelBpe:
     ------
     ValueError
         when a merge is not two tokens, or a merge's token or its result is not in
-        ``vocab`` (the library refuses such a model too), or an id is out of range.
+        ``vocab`` (the library refuses such a model too), or an id is out of range, or two
+        tokens have one id (the library loads such a vocabulary, and then tells a merge
+        gone stale by its result's id alone: its ids would differ from these).
 
     Memory: a table of 16 bytes a slot, at least twice the merges (Qwen2's 151 k merges:
     8 MiB).
@@ -108,6 +111,8 @@ cdef class ByteLevelBpe:
         cdef int c
         cdef object a, b
         cdef Py_ssize_t ia, ib, nid
+        if len(set(vocab.values())) != len(vocab):
+            raise ValueError("vocab is expected to give every token its own id")
         self.vocab = vocab
         self.ignore_merges = ignore_merges
         while cap < 2 * n:
@@ -165,7 +170,11 @@ cdef class ByteLevelBpe:
 
     def encode(self, str word not None):
         """The model's ids of ASCII ``word`` (one pre-token), or ``None`` when a character
-        of it has no token (the library then applies the model's unknown-token rule).
+        of it has no token (the library then applies the model's unknown-token rule) or the
+        word is longer than 256 characters: each merge here scans the word's pairs again
+        (quadratic; a few hundred instructions for a word of ordinary length), where the
+        library keeps them in a heap, so a run of 200,000 letters (a DNA sequence, padding)
+        is the library's (27 ms) and not seconds here.
 
         Raises
         ------
@@ -190,6 +199,8 @@ cdef class ByteLevelBpe:
         cdef list out
         if n == 0:
             return []
+        if n > MAX_WORD:
+            return None
         if self.ignore_merges:
             whole = self.vocab.get(_byte_level(word))
             if whole is not None:

@@ -13,6 +13,7 @@ comes) and the client gets P's error; D ending, failing or the client leaving ca
 P or D leaving the routable set before its answer's head (evicted) ends the pair at once:
 the pair shares a bootstrap room, so neither leg can move alone; while nothing reached the
 client a new pair (a new room) is chosen, at most ``retries.max_attempts`` pairs, then 502.
+P of a streamed request is not evicted: D's stream head may have reached the client first.
 """
 from __future__ import annotations
 
@@ -187,8 +188,11 @@ class Bootstrap(PdPath):
         span, fwd = (None, None) if obs is None else obs.leg("prefill", ep, ctx.fwd)
         with lease:
             try:
+                # a streamed request's D sends its head at once, and it may reach the client
+                # before P's does: P is not evicted then (the pair could no longer be chosen
+                # again, and D still takes P's KV); P's own stream head comes at once anyway
                 up = await self.send(ep, ctx, body, self.prefill_timeout_s, self.prefill_timeout_s,
-                                     fwd)
+                                     fwd, evictable=not ctx.stream)
                 status = up.status
                 data = up.read_now()     # came whole with its head: no wait
                 if data is None:

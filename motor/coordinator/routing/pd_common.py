@@ -447,15 +447,17 @@ class PdPath(RequestPath):
 
     # -- legs -------------------------------------------------------------------------
     async def send(self, ep: EndpointState, ctx: Ctx, body: bytes, first_byte_timeout_s: float,
-                   idle_timeout_s: float, fwd: list[tuple[bytes, bytes]] | None = None
-                   ) -> UpstreamResponse:
+                   idle_timeout_s: float, fwd: list[tuple[bytes, bytes]] | None = None,
+                   evictable: bool = True) -> UpstreamResponse:
         """POST ``body`` to ``ep`` with the request's forwarded headers (``fwd``: a leg's own,
         with its ``traceparent``). Raises :class:`~motor.http.client.UpstreamEvicted` when
         ``ep`` leaves the routable set before the answer's head
-        (:meth:`EndpointState.evict_waiting`), and the client's transport errors."""
+        (:meth:`EndpointState.evict_waiting`; not when ``evictable`` is false), and the
+        client's transport errors."""
         return await ep.pool.request(b"POST", ctx.path, body, ctx.fwd if fwd is None else fwd,
                                      first_byte_timeout_s=first_byte_timeout_s,
-                                     idle_timeout_s=idle_timeout_s, owner=ep)
+                                     idle_timeout_s=idle_timeout_s,
+                                     owner=ep if evictable else None)
 
     def leg_transport_failed(self, leg: str, ep: EndpointState, e: BaseException) -> str:
         """A leg's transport failure on ``ep`` (:func:`transport_failed`): the text of the
