@@ -3,6 +3,7 @@ simulators (motor sim roles), for each of the three handshakes."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import orjson
@@ -325,9 +326,10 @@ async def test_pd_prefill_retry_reuses_the_routing_key() -> None:
         calls = []
         orig = policy.prepare
 
-        def counting(info: Any, route: str, body: dict[str, Any]) -> None:
+        def counting(info: Any, route: str, body: dict[str, Any],
+                     off_loop: bool = False) -> Any:
             calls.append(route)
-            orig(info, route, body)
+            return orig(info, route, body, off_loop)
         policy.prepare = counting  # type: ignore[method-assign]
         for i in range(2):
             c.sim("prefill", i).faults.set({"mode": "error", "status": 503, "count": 1})
@@ -337,6 +339,39 @@ async def test_pd_prefill_retry_reuses_the_routing_key() -> None:
         assert st == 200, body
         assert len([b for r, _, b in c.bodies if r == "prefill"]) == 3   # 503, 503, answer
         assert calls == ["completions"]
+    finally:
+        await c.stop()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@run_async
+async def test_a_long_prompt_is_tokenized_off_the_event_loop(mode: str, tmp_path: Any) -> None:
+    """kv_affinity as prefill policy with a tokenizer directory: a chat whose new text is
+    longer than the tokenizers' ``off_loop_min_chars`` is encoded in their pool, as the
+    union path does, not on the event loop that every other request waits on."""
+    from motor.sim.tokenizer import write_model_dir
+    tokdir = str(write_model_dir(tmp_path))
+    c = await Cluster(mode, pd={"prefill_policy": "kv_affinity"},
+                      kv={"tokenizers": {"*": tokdir}}).start()
+    try:
+        toks = c.gw.coord.path.prefill_policy.router.tokenizers
+        toks.off_loop_min_chars = 1000      # (4096 by default: past the sims' context)
+        tok = toks.get("m")
+        threads: list[str] = []
+        orig = tok.encode_pieces
+
+        def recording(pieces: list[str]) -> list[list[int]]:
+            threads.append(threading.current_thread().name)
+            return orig(pieces)
+        tok.encode_pieces = recording  # type: ignore[method-assign]
+        text = "lorem ipsum dolor " * 100
+        req = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+        st, _, body = await http(c.gw.port, "POST", "/v1/chat/completions", orjson.dumps(req),
+                                 timeout=30)
+        assert st == 200, body
+        assert threads and all(t.startswith("motor-tokenize") for t in threads), threads
+        assert threading.current_thread().name not in threads
+        assert c.log("prefill")                 # the legs went out as usual
     finally:
         await c.stop()
 

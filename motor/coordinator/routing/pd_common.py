@@ -44,7 +44,7 @@ from motor.coordinator.routing.base import (DECODE, JSON, PREFILL, UNION, Parsed
                                             failure_text, note_status, parse_request,
                                             read_whole, relay_sse, settle_leg,
                                             transport_failed)
-from motor.coordinator.routing.union import UnionPath, prepare_traced
+from motor.coordinator.routing.union import UnionPath, prepare_traced, prepare_traced_off_loop
 from motor.http.client import UpstreamClosed, UpstreamEvicted, UpstreamResponse, UpstreamTimeout
 from motor.http.server import Request, Response
 from motor.protocol.openai import error_body, max_tokens_of, sse_error_event
@@ -266,10 +266,12 @@ class PdPath(RequestPath):
         ctx = Ctx(route, resp, p)
         self.recovery(ctx)
         try:
+            await self.prepare_key(ctx)
             await self.run(ctx)
             while ctx.cont is not None:
                 # the decode broke mid-stream: the rest is a fresh PD request (new P and D)
                 ctx = ctx.cont
+                await self.prepare_key(ctx)
                 await self.run(ctx)
         except LegFailed as e:
             if not resp.started:
@@ -353,8 +355,25 @@ class PdPath(RequestPath):
             policy.routed(ep, ctx.info)
         return ep
 
+    async def prepare_key(self, ctx: Ctx) -> None:
+        """The prefill policy's routing key (``kv_affinity``'s) before the legs are chosen,
+        a long text (:data:`motor.coordinator.tokenize.OFF_LOOP_MIN_CHARS` characters or
+        more not cached) encoded in the routing tokenizers' pool, off the event loop, as
+        the union path does; :meth:`prepare` then finds it made."""
+        pp = self.prefill_policy
+        if not pp.uses_prefix or ctx.info.block_hashes is not None:
+            return
+        route = "chat" if ctx.chat else "completions"
+        if ctx.obs is None:
+            later = pp.prepare(ctx.info, route, ctx.body, off_loop=True)
+            if later is not None:
+                await later
+        else:
+            await prepare_traced_off_loop(pp, ctx.obs, ctx.info, route, ctx.body)
+
     def prepare(self, ctx: Ctx, policy: Policy) -> None:
-        """The routing key, once per request (a retry reuses it)."""
+        """The routing key, once per request (a retry reuses it), on the loop when
+        :meth:`prepare_key` did not make it (a body it cannot be made for)."""
         route = "chat" if ctx.chat else "completions"
         if ctx.obs is None:
             policy.prepare(ctx.info, route, ctx.body)
