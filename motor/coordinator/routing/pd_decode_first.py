@@ -166,7 +166,11 @@ class DecodeFirst(PdPath):
         task = p.p_task = asyncio.ensure_future(self.prefill(ctx, orjson.dumps(p_body), set()))
         await asyncio.wait({task})
         if task.cancelled() or p.p_task is not task:
-            # the request ended, or its decode leg moved to another D (decode_moved)
+            # the request ended, or its decode leg moved to another D (decode_moved); a
+            # prefill that ended before it was cancelled is the D that left's: its outcome
+            # is dropped (retrieved, so asyncio does not log it as never retrieved)
+            if not task.cancelled():
+                task.exception()
             resp.send(502, error_body(502, "the prefill was cancelled: the request ended or "
                                            "its decode leg moved to another instance"))
             return
