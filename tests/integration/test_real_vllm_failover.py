@@ -87,7 +87,10 @@ def test_chat_continues_exactly_as_a_completion_of_its_token_ids(tmp_path: Path)
             assert sse(fast.feed(b)) == sse(slow.feed(b)), b
         assert fast.gen == slow.gen and len(fast.gen) == 30
         assert fast.scanner is not None and fast.scanner.fallbacks == 0
-        assert fast.scanner.shaped >= 30 - 4, (fast.scanner.shaped, raw[:600])
+        # the role event, the first content one (kept as the shape) and the last (its
+        # finish_reason) are read in full; vLLM puts several tokens in one chunk when the
+        # reader lags (30 tokens came in 27 chunks in one run), so count chunks, not tokens
+        assert fast.scanner.shaped >= len(ev) - 4, (fast.scanner.shaped, len(ev), raw[:600])
         ids: list[int] = []
         text = ""
         for e in ev:
