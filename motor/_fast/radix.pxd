@@ -16,15 +16,29 @@ cdef enum:
     RADIX_MAX_WORDS = 4            # max_instances <= 256
     RADIX_MAX_INSTANCES = 256
     RADIX_INITIAL_NODES = 1024     # node capacity at construction and shrink floor
-    RADIX_SLOTS_PER_NODE = 2       # hash-table slots per node slot (load <= 0.5)
+    # The hash table is RADIX_TABLES sub-tables, chosen by the top RADIX_TABLE_BITS bits of the
+    # mixed hash, each grown (load > 1/2) and shrunk (load < 1/8) on its own: a resize moves
+    # 1/256 of the keys, never the whole table.
+    RADIX_TABLE_BITS = 8
+    RADIX_TABLES = 256
+    RADIX_TABLE_MIN = 16           # slots of a sub-table, at least
     RADIX_PREFETCH_SLOTS = 32      # match: blocks ahead whose table slot is prefetched
     RADIX_PREFETCH_NODES = 16       # match: blocks ahead whose node masks are prefetched
+    RADIX_STORE_AHEAD = 32         # store, remove: blocks looked up before their nodes change
 
 
 cdef struct RadixSlot:
     uint64_t key     # block hash, 0 = empty slot
     uint32_t node    # node id
     uint32_t _pad
+
+
+cdef struct RadixTable:
+    RadixSlot *slots
+    uint64_t mask    # slots - 1 (a power of two)
+    uint32_t count   # keys held
+    int shift        # 64 - log2(slots): home slot = (mixed hash << RADIX_TABLE_BITS) >> shift
+    uint64_t _pad    # 32 bytes: two sub-tables a cache line, none across two
 
 
 cdef class PrefixIndex:
@@ -34,13 +48,12 @@ cdef class PrefixIndex:
     cdef uint64_t _last_word_mask    # valid instances in the last word
     cdef int _used_words             # words up to the highest instance ever stored (match reads these)
 
-    # open-addressing table (linear probing, backward-shift delete)
-    cdef RadixSlot *_slots
-    cdef uint64_t _slot_mask
-    cdef int _slot_shift
+    # open-addressing sub-tables (linear probing, backward-shift delete)
+    cdef RadixTable *_tabs
 
-    # node pool (struct of arrays, ids 0.._node_cap-1)
+    # node pool (struct of arrays, ids 0.._node_cap-1; grown in place, ids kept)
     cdef uint32_t _node_cap
+    cdef uint32_t _fresh             # ids >= _fresh were never used (their memory is zero)
     cdef uint64_t *_keys             # 0 = free node
     cdef uint64_t *_bits             # _stride words per node
     cdef double *_ts                 # last store time (clamped non-decreasing)
@@ -58,19 +71,21 @@ cdef class PrefixIndex:
     cdef readonly int64_t n_blocks
     cdef readonly int64_t n_orphan_stores
     cdef readonly double last_store_time
-    cdef readonly int64_t _debug_rebuilds
+    cdef readonly int64_t _debug_rebuilds   # compactions (shrinks)
+    cdef readonly int64_t _debug_grows      # in-place growths of the node arrays
     cdef readonly int64_t _debug_checks
 
     cdef void _free_all(self) noexcept
-    cdef void _free_all_nodes_only(self) noexcept
+    cdef void _unmap_nodes(self) noexcept
     cdef int _check_instance(self, int instance) except -1
     cdef int32_t *_check_out(self, object out) except NULL
     cdef Py_ssize_t _match(self, object block_hashes, object out) except -1
-    cdef int _resize(self, uint32_t node_cap) except -1
+    cdef int _compact(self, uint32_t node_cap) except -1
+    cdef int _grow_nodes(self) except -1
     cdef uint32_t _find(self, uint64_t key) noexcept nogil
-    cdef void _table_insert(self, uint64_t key, uint32_t node) noexcept nogil
+    cdef RadixTable *_table_reserve(self, uint64_t h) except NULL
     cdef void _table_delete(self, uint64_t key) noexcept nogil
-    cdef uint32_t _alloc_node(self, uint64_t key) except? 0xFFFFFFFF
+    cdef uint32_t _find_or_alloc(self, uint64_t key) except? 0xFFFFFFFF
     cdef void _free_node(self, uint32_t node) noexcept nogil
     cdef void _lru_unlink(self, uint32_t node) noexcept nogil
     cdef void _lru_push_tail(self, uint32_t node) noexcept nogil

@@ -10,6 +10,7 @@ TIER_HOST: Final[int]    # 1, host DRAM
 TIER_DISK: Final[int]    # 2, disk / remote store
 N_TIERS: Final[int]      # 3
 DEBUG: Final[bool]
+REMAP_IN_PLACE: Final[bool]
 
 # ndarray is listed apart from Buffer: numpy's stubs declare ndarray.__buffer__ only for
 # Python >= 3.12, so under python_version = 3.11 an array is not a Buffer to mypy
@@ -37,6 +38,8 @@ class PrefixIndex:
     def node_capacity(self) -> int: ...
     @property
     def _debug_rebuilds(self) -> int: ...
+    @property
+    def _debug_grows(self) -> int: ...
     @property
     def _debug_checks(self) -> int: ...
     def __init__(self, max_instances: int = 256) -> None: ...

@@ -13,9 +13,10 @@ that ``i`` holds each of the query's blocks ``0 .. k-1`` in at least one tier. T
 held by ``i`` is ``t`` (TIER_DEVICE < TIER_HOST < TIER_DISK), so
 ``out[i].sum() == R_i``. A block that ``i`` holds after a gap does not count.
 
-Complexity: store / remove O(blocks) expected; match O(R) where R = max_i R_i
-(+ O(changes) when holders or tiers change along the prefix); clear O(nodes);
-eviction O(evicted). Memory: see :attr:`PrefixIndex.memory_bytes` and docs/fast.md.
+Complexity: store / remove O(blocks) expected (a growth of the node pool is an mremap,
+a growth of one of the 256 hash sub-tables moves its keys only); match O(R) where
+R = max_i R_i (+ O(changes) when holders or tiers change along the prefix); clear
+O(nodes); eviction O(evicted); a shrink (below a quarter full) O(live nodes). Memory: see :attr:`PrefixIndex.memory_bytes` and docs/fast.md.
 """
 from libc.stdint cimport uint32_t, uint64_t, int32_t, int64_t
 from libc.stdlib cimport malloc, calloc, free
@@ -34,38 +35,63 @@ cnp.import_array()
 cdef extern from *:
     """
     #include <stdlib.h>
+    #include <string.h>
     #define RADIX_NO_NODE 0xFFFFFFFFu
     #define RADIX_HOME_MUL 0x9E3779B97F4A7C15ULL
-    #include <string.h>
     #if defined(__linux__)
     #include <sys/mman.h>
     #endif
-    /* Zeroed, 64-byte aligned; arrays of >= 2 MiB are 2 MiB aligned and asked to
-       use transparent huge pages, which cuts TLB misses in match on big tables. The
-       advice comes after the zeroing: given before, the zeroing's page faults take huge
-       pages at once, and where the kernel's THP defrag is "madvise" (Debian's default)
-       each such fault may compact memory first, synchronously: a resize of the index at
-       1 M nodes then held the event loop 0.75 s, against 0.2 s with the pages faulted in
-       as small ones (khugepaged merges them into huge pages later, in the background). */
-    static inline void *radix_aligned_calloc(size_t n) {
-        void *p = NULL;
-        size_t align = 64;
-        if (n == 0) n = 64;
-        if (n >= ((size_t)2 << 20)) align = (size_t)2 << 20;
-        if (posix_memalign(&p, align, n) != 0) return NULL;
-        memset(p, 0, n);
-    #if defined(__linux__) && defined(MADV_HUGEPAGE)
-        if (align > 64) (void)madvise(p, n, MADV_HUGEPAGE);
+    #if defined(__linux__) && defined(MREMAP_MAYMOVE)
+    #define RADIX_REMAP_IN_PLACE 1
+    #else
+    #define RADIX_REMAP_IN_PLACE 0
     #endif
-        return p;
+    /* The node arrays are zeroed anonymous memory. On Linux they grow by mremap: the pages
+       move with their page tables, nothing is copied and the new tail stays zero until it is
+       first written, so a growth costs the same at 1 K and at 1 M nodes. No transparent-huge-
+       page advice: where the kernel's THP defrag is "madvise" (Debian's default), a page
+       fault in an advised range may compact memory first, synchronously, and a grown
+       array's tail faults in while requests are routed. Elsewhere: calloc / realloc. */
+    static inline void *radix_map(size_t n) {
+    #if RADIX_REMAP_IN_PLACE
+        void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    #else
+        return calloc(1, n);
+    #endif
+    }
+    /* p resized from old to n bytes, a new tail zeroed; NULL (p unchanged) on failure. */
+    static inline void *radix_remap(void *p, size_t old, size_t n) {
+    #if RADIX_REMAP_IN_PLACE
+        void *q = mremap(p, old, n, MREMAP_MAYMOVE);
+        return q == MAP_FAILED ? NULL : q;
+    #else
+        void *q = realloc(p, n);
+        if (q != NULL && n > old) memset((char *)q + old, 0, n - old);
+        return q;
+    #endif
+    }
+    static inline void radix_unmap(void *p, size_t n) {
+        if (p == NULL) return;
+    #if RADIX_REMAP_IN_PLACE
+        (void)munmap(p, n);
+    #else
+        (void)n;
+        free(p);
+    #endif
     }
     """
     const uint32_t RADIX_NO_NODE
     const uint64_t RADIX_HOME_MUL
-    void *radix_aligned_calloc(size_t n) nogil
+    const int RADIX_REMAP_IN_PLACE
+    void *radix_map(size_t n) nogil
+    void *radix_remap(void *p, size_t old, size_t n) nogil
+    void radix_unmap(void *p, size_t n) nogil
 
 #: True when compiled with ``-DMOTOR_DEBUG=1``.
 DEBUG = bool(MOTOR_DEBUG)
+#: True where the node arrays grow in place (Linux ``mremap``); else a growth copies them.
+REMAP_IN_PLACE = bool(RADIX_REMAP_IN_PLACE)
 # Tier constants as plain Python ints (the C names are the cdef enum in radix.pxd).
 globals().update({"TIER_DEVICE": <int>TIER_DEVICE, "TIER_HOST": <int>TIER_HOST,
                   "TIER_DISK": <int>TIER_DISK, "N_TIERS": <int>N_TIERS})
@@ -76,23 +102,69 @@ cdef object _np_uint64 = np.uint64
 cdef object _np_array = np.array
 cdef object _np_ascontiguousarray = np.ascontiguousarray
 
-cdef inline uint64_t _home(uint64_t key, int shift) noexcept nogil:
-    return (key * RADIX_HOME_MUL) >> shift
+cdef inline RadixTable *_table_of(RadixTable *tabs, uint64_t mixed) noexcept nogil:
+    """The sub-table of a key whose mixed hash (``key * RADIX_HOME_MUL``) is ``mixed``."""
+    return &tabs[mixed >> (64 - RADIX_TABLE_BITS)]
 
 
-cdef inline uint32_t _find_in(const RadixSlot *slots, uint64_t mask, int shift,
-                              uint64_t key) noexcept nogil:
-    """:meth:`PrefixIndex._find` on the table's arrays (inlined, no method call)."""
+cdef inline uint64_t _home(const RadixTable *t, uint64_t mixed) noexcept nogil:
+    """Home slot in ``t``: the mixed hash's bits under the sub-table's."""
+    return (mixed << RADIX_TABLE_BITS) >> t.shift
+
+
+cdef inline const RadixSlot *_home_slot(RadixTable *tabs, uint64_t key) noexcept nogil:
+    cdef uint64_t h = key * RADIX_HOME_MUL
+    cdef const RadixTable *t = _table_of(tabs, h)
+    return &t.slots[_home(t, h)]
+
+
+cdef inline uint32_t _find_in(RadixTable *tabs, uint64_t key) noexcept nogil:
+    """:meth:`PrefixIndex._find` on the tables (inlined, no method call)."""
+    cdef uint64_t h = key * RADIX_HOME_MUL
+    cdef const RadixTable *t = _table_of(tabs, h)
+    cdef const RadixSlot *slots = t.slots
+    cdef uint64_t mask = t.mask
     cdef uint64_t i
     if mf_unlikely(key == 0):
         return RADIX_NO_NODE
-    i = _home(key, shift)
+    i = _home(t, h)
     while True:
         if slots[i].key == key:
             return slots[i].node
         if slots[i].key == 0:
             return RADIX_NO_NODE
         i = (i + 1) & mask
+
+
+cdef inline int _table_shift(uint64_t cap) noexcept nogil:
+    cdef int shift = 64
+    while cap > 1:
+        cap >>= 1
+        shift -= 1
+    return shift
+
+
+cdef int _table_rehash(RadixTable *t, uint64_t cap) noexcept nogil:
+    """Move ``t``'s keys to a new array of ``cap`` slots (a power of two); -1 (``t``
+    unchanged) when out of memory."""
+    cdef RadixSlot *ns = <RadixSlot *>calloc(cap, sizeof(RadixSlot))
+    cdef RadixSlot *os = t.slots
+    cdef uint64_t old = t.mask + 1 if os != NULL else 0
+    cdef uint64_t i, j, mask = cap - 1
+    cdef int shift = _table_shift(cap)
+    if ns == NULL:
+        return -1
+    for i in range(old):
+        if os[i].key != 0:
+            j = ((os[i].key * RADIX_HOME_MUL) << RADIX_TABLE_BITS) >> shift
+            while ns[j].key != 0:
+                j = (j + 1) & mask
+            ns[j] = os[i]
+    free(os)
+    t.slots = ns
+    t.mask = mask
+    t.shift = shift
+    return 0
 
 
 cdef inline uint64_t _step(uint64_t *active, uint64_t *p0, uint64_t *p1, uint64_t *p2,
@@ -162,7 +234,7 @@ cdef class PrefixIndex:
     """
 
     def __cinit__(self):
-        self._slots = NULL
+        self._tabs = NULL
         self._keys = NULL
         self._bits = NULL
         self._ts = NULL
@@ -172,11 +244,13 @@ cdef class PrefixIndex:
         self._inst_blocks = NULL
         self._seg_start = NULL
         self._node_cap = 0
+        self._fresh = 0
         self._lru_head = RADIX_NO_NODE
         self._lru_tail = RADIX_NO_NODE
         self._free_head = RADIX_NO_NODE
 
     def __init__(self, int max_instances=256):
+        cdef int t
         if max_instances < 1 or max_instances > RADIX_MAX_INSTANCES:
             raise ValueError(f"max_instances is expected to be in 1..{RADIX_MAX_INSTANCES}, "
                              f"got {max_instances}")
@@ -191,9 +265,14 @@ cdef class PrefixIndex:
             self._last_word_mask = ((<uint64_t>1) << (max_instances % 64)) - 1
         self._inst_blocks = <int64_t *>calloc(max_instances, sizeof(int64_t))
         self._seg_start = <int32_t *>calloc(max_instances, sizeof(int32_t))
-        if self._inst_blocks == NULL or self._seg_start == NULL:
+        self._tabs = <RadixTable *>radix_map(RADIX_TABLES * sizeof(RadixTable))
+        if self._inst_blocks == NULL or self._seg_start == NULL or self._tabs == NULL:
             self._free_all()
             raise MemoryError()
+        for t in range(RADIX_TABLES):
+            if _table_rehash(&self._tabs[t], RADIX_TABLE_MIN) < 0:
+                self._free_all()
+                raise MemoryError()
         self.n_nodes = 0
         self.n_blocks = 0
         self.n_orphan_stores = 0
@@ -201,33 +280,31 @@ cdef class PrefixIndex:
         self._lru_head = RADIX_NO_NODE
         self._lru_tail = RADIX_NO_NODE
         self._free_head = RADIX_NO_NODE
-        self._resize(RADIX_INITIAL_NODES)
+        self._compact(RADIX_INITIAL_NODES)
         self._debug_rebuilds = 0
 
     def __dealloc__(self):
         self._free_all()
 
     cdef void _free_all(self) noexcept:
-        free(self._slots); self._slots = NULL
-        free(self._keys); self._keys = NULL
-        free(self._bits); self._bits = NULL
-        free(self._ts); self._ts = NULL
-        free(self._prev); self._prev = NULL
-        free(self._next); self._next = NULL
-        free(self._hint); self._hint = NULL
+        cdef int t
+        self._unmap_nodes()
+        if self._tabs != NULL:
+            for t in range(RADIX_TABLES):
+                free(self._tabs[t].slots)
+            radix_unmap(self._tabs, RADIX_TABLES * sizeof(RadixTable))
+            self._tabs = NULL
         free(self._inst_blocks); self._inst_blocks = NULL
         free(self._seg_start); self._seg_start = NULL
-        self._node_cap = 0
 
     # ------------------------------------------------------------ storage
 
-    cdef int _resize(self, uint32_t node_cap) except -1:
-        """Rebuild node arrays and table with ``node_cap`` nodes, compacting live
-        nodes to ids 0..n-1 in LRU order. Old state is kept on MemoryError."""
-        cdef uint64_t slot_cap = <uint64_t>node_cap * RADIX_SLOTS_PER_NODE
-        cdef int shift = 64
-        cdef uint64_t c = slot_cap
-        cdef RadixSlot *slots
+    cdef int _compact(self, uint32_t node_cap) except -1:
+        """Move the live nodes to new arrays of ``node_cap`` nodes, ids 0..n-1 in LRU order
+        (the tables' node ids and the child hints follow); the old arrays are freed. O(live
+        nodes + table slots): used to shrink, never to grow. Old state is kept on
+        MemoryError."""
+        cdef size_t stride = <size_t>self._stride
         cdef uint64_t *keys
         cdef uint64_t *bits
         cdef double *ts
@@ -236,27 +313,30 @@ cdef class PrefixIndex:
         cdef uint32_t *hint
         cdef uint32_t *remap = NULL
         cdef uint32_t n = 0, node, i, old
-        cdef int stride = self._stride
+        cdef uint64_t si
+        cdef RadixTable *t
+        cdef int ti
         if node_cap < <uint64_t>self.n_nodes or node_cap >= RADIX_NO_NODE:
             raise MemoryError(f"PrefixIndex cannot hold {node_cap} nodes")
-        while c > 1:
-            c >>= 1
-            shift -= 1
-        slots = <RadixSlot *>radix_aligned_calloc(slot_cap * sizeof(RadixSlot))
-        keys = <uint64_t *>radix_aligned_calloc(node_cap * sizeof(uint64_t))
-        bits = <uint64_t *>radix_aligned_calloc(<size_t>node_cap * stride * sizeof(uint64_t))
-        ts = <double *>radix_aligned_calloc(node_cap * sizeof(double))
-        prev = <uint32_t *>radix_aligned_calloc(node_cap * sizeof(uint32_t))
-        nxt = <uint32_t *>radix_aligned_calloc(node_cap * sizeof(uint32_t))
-        hint = <uint32_t *>radix_aligned_calloc(node_cap * sizeof(uint32_t))
-        if self._node_cap:
-            remap = <uint32_t *>malloc(self._node_cap * sizeof(uint32_t))
-        if (slots == NULL or keys == NULL or bits == NULL or ts == NULL or prev == NULL
-                or nxt == NULL or hint == NULL or (self._node_cap and remap == NULL)):
-            free(slots); free(keys); free(bits); free(ts); free(prev); free(nxt)
-            free(hint); free(remap)
+        keys = <uint64_t *>radix_map(node_cap * sizeof(uint64_t))
+        bits = <uint64_t *>radix_map(node_cap * stride * sizeof(uint64_t))
+        ts = <double *>radix_map(node_cap * sizeof(double))
+        prev = <uint32_t *>radix_map(node_cap * sizeof(uint32_t))
+        nxt = <uint32_t *>radix_map(node_cap * sizeof(uint32_t))
+        hint = <uint32_t *>radix_map(node_cap * sizeof(uint32_t))
+        if self._fresh:
+            remap = <uint32_t *>malloc(self._fresh * sizeof(uint32_t))
+        if (keys == NULL or bits == NULL or ts == NULL or prev == NULL or nxt == NULL
+                or hint == NULL or (self._fresh and remap == NULL)):
+            radix_unmap(keys, node_cap * sizeof(uint64_t))
+            radix_unmap(bits, node_cap * stride * sizeof(uint64_t))
+            radix_unmap(ts, node_cap * sizeof(double))
+            radix_unmap(prev, node_cap * sizeof(uint32_t))
+            radix_unmap(nxt, node_cap * sizeof(uint32_t))
+            radix_unmap(hint, node_cap * sizeof(uint32_t))
+            free(remap)
             raise MemoryError()
-        for i in range(self._node_cap):
+        for i in range(self._fresh):
             remap[i] = RADIX_NO_NODE
         node = self._lru_head
         while node != RADIX_NO_NODE:
@@ -275,13 +355,13 @@ cdef class PrefixIndex:
         for i in range(n):
             old = hint[i]
             hint[i] = remap[old] if old != RADIX_NO_NODE else RADIX_NO_NODE
+        for ti in range(RADIX_TABLES):
+            t = &self._tabs[ti]
+            for si in range(t.mask + 1):
+                if t.slots[si].key != 0:
+                    t.slots[si].node = remap[t.slots[si].node]
         free(remap)
-        for i in range(n, node_cap):
-            keys[i] = 0
-            hint[i] = RADIX_NO_NODE
-            nxt[i] = i + 1 if i + 1 < node_cap else RADIX_NO_NODE
-        self._free_all_nodes_only()
-        self._slots = slots
+        self._unmap_nodes()
         self._keys = keys
         self._bits = bits
         self._ts = ts
@@ -289,65 +369,97 @@ cdef class PrefixIndex:
         self._next = nxt
         self._hint = hint
         self._node_cap = node_cap
-        self._slot_mask = slot_cap - 1
-        self._slot_shift = shift
+        self._fresh = n
         self._lru_head = 0 if n > 0 else RADIX_NO_NODE
         self._lru_tail = n - 1 if n > 0 else RADIX_NO_NODE
-        self._free_head = n if n < node_cap else RADIX_NO_NODE
-        for i in range(n):
-            self._table_insert(keys[i], i)
+        self._free_head = RADIX_NO_NODE
         self._debug_rebuilds += 1
         return 0
 
-    cdef void _free_all_nodes_only(self) noexcept:
-        free(self._slots); self._slots = NULL
-        free(self._keys); self._keys = NULL
-        free(self._bits); self._bits = NULL
-        free(self._ts); self._ts = NULL
-        free(self._prev); self._prev = NULL
-        free(self._next); self._next = NULL
-        free(self._hint); self._hint = NULL
+    cdef int _grow_nodes(self) except -1:
+        """Double the node arrays in place (:func:`radix_remap`): ids, links and hints stay,
+        the new ids are fresh. Old state is kept on MemoryError."""
+        cdef uint64_t cap = self._node_cap, ncap = cap * 2
+        cdef void **field[6]
+        cdef size_t size[6]
+        cdef void *q
+        cdef int k, j
+        if ncap >= RADIX_NO_NODE:
+            raise MemoryError(f"PrefixIndex cannot hold {ncap} nodes")
+        field[0] = <void **>&self._keys
+        size[0] = sizeof(uint64_t)
+        field[1] = <void **>&self._bits
+        size[1] = <size_t>self._stride * sizeof(uint64_t)
+        field[2] = <void **>&self._ts
+        size[2] = sizeof(double)
+        field[3] = <void **>&self._prev
+        size[3] = sizeof(uint32_t)
+        field[4] = <void **>&self._next
+        size[4] = sizeof(uint32_t)
+        field[5] = <void **>&self._hint
+        size[5] = sizeof(uint32_t)
+        for k in range(6):
+            q = radix_remap(field[k][0], cap * size[k], ncap * size[k])
+            if q == NULL:
+                for j in range(k):      # shrinking a mapping in place does not fail
+                    q = radix_remap(field[j][0], ncap * size[j], cap * size[j])
+                    if q != NULL:
+                        field[j][0] = q
+                raise MemoryError()
+            field[k][0] = q
+        self._node_cap = <uint32_t>ncap
+        self._debug_grows += 1
+        return 0
+
+    cdef void _unmap_nodes(self) noexcept:
+        cdef size_t cap = self._node_cap
+        radix_unmap(self._keys, cap * sizeof(uint64_t)); self._keys = NULL
+        radix_unmap(self._bits, cap * <size_t>self._stride * sizeof(uint64_t)); self._bits = NULL
+        radix_unmap(self._ts, cap * sizeof(double)); self._ts = NULL
+        radix_unmap(self._prev, cap * sizeof(uint32_t)); self._prev = NULL
+        radix_unmap(self._next, cap * sizeof(uint32_t)); self._next = NULL
+        radix_unmap(self._hint, cap * sizeof(uint32_t)); self._hint = NULL
+        self._node_cap = 0
+        self._fresh = 0
 
     cdef uint32_t _find(self, uint64_t key) noexcept nogil:
-        cdef uint64_t i
-        cdef RadixSlot *s
-        if mf_unlikely(key == 0):
-            return RADIX_NO_NODE
-        i = _home(key, self._slot_shift)
-        while True:
-            s = &self._slots[i]
-            if s.key == key:
-                return s.node
-            if s.key == 0:
-                return RADIX_NO_NODE
-            i = (i + 1) & self._slot_mask
+        return _find_in(self._tabs, key)
 
-    cdef void _table_insert(self, uint64_t key, uint32_t node) noexcept nogil:
-        cdef uint64_t i = _home(key, self._slot_shift)
-        while self._slots[i].key != 0:
-            i = (i + 1) & self._slot_mask
-        self._slots[i].key = key
-        self._slots[i].node = node
+    cdef RadixTable *_table_reserve(self, uint64_t h) except NULL:
+        """The sub-table of mixed hash ``h``, with room for one more key: it doubles past
+        half full."""
+        cdef RadixTable *t = _table_of(self._tabs, h)
+        if (<uint64_t>t.count + 1) * 2 > t.mask + 1:
+            if _table_rehash(t, (t.mask + 1) * 2) < 0:
+                raise MemoryError()
+        return t
 
     cdef void _table_delete(self, uint64_t key) noexcept nogil:
-        """Remove ``key`` (present) with backward-shift deletion: no tombstones."""
-        cdef uint64_t mask = self._slot_mask
-        cdef uint64_t i = _home(key, self._slot_shift)
+        """Remove ``key`` (present) with backward-shift deletion: no tombstones. The
+        sub-table halves below an eighth full (kept as it is when out of memory)."""
+        cdef uint64_t h = key * RADIX_HOME_MUL
+        cdef RadixTable *t = _table_of(self._tabs, h)
+        cdef RadixSlot *slots = t.slots
+        cdef uint64_t mask = t.mask
+        cdef uint64_t i = _home(t, h)
         cdef uint64_t j, k
-        while self._slots[i].key != key:
+        while slots[i].key != key:
             i = (i + 1) & mask
         j = i
         while True:
             j = (j + 1) & mask
-            if self._slots[j].key == 0:
+            if slots[j].key == 0:
                 break
-            k = _home(self._slots[j].key, self._slot_shift)
+            k = _home(t, slots[j].key * RADIX_HOME_MUL)
             # Move slot j into the hole at i if i lies on j's probe path [k, j].
             if ((j - k) & mask) >= ((j - i) & mask):
-                self._slots[i] = self._slots[j]
+                slots[i] = slots[j]
                 i = j
-        self._slots[i].key = 0
-        self._slots[i].node = 0
+        slots[i].key = 0
+        slots[i].node = 0
+        t.count -= 1
+        if mask + 1 > RADIX_TABLE_MIN and <uint64_t>t.count * 8 < mask + 1:
+            _table_rehash(t, (mask + 1) // 2)
 
     cdef void _lru_unlink(self, uint32_t node) noexcept nogil:
         cdef uint32_t p = self._prev[node], q = self._next[node]
@@ -369,17 +481,32 @@ cdef class PrefixIndex:
             self._lru_head = node
         self._lru_tail = node
 
-    cdef uint32_t _alloc_node(self, uint64_t key) except? 0xFFFFFFFF:
+    cdef uint32_t _find_or_alloc(self, uint64_t key) except? 0xFFFFFFFF:
+        """The node of ``key``; when absent, a new one at the LRU tail (one probe of the
+        table either way). Node ids never change here: a full pool grows in place."""
         cdef uint32_t node
-        if self._free_head == RADIX_NO_NODE:
-            self._resize(self._node_cap * 2)
-        node = self._free_head
-        self._free_head = self._next[node]
+        cdef uint64_t h = key * RADIX_HOME_MUL
+        cdef RadixTable *t = self._table_reserve(h)
+        cdef uint64_t i = _home(t, h)
+        while t.slots[i].key != 0:
+            if t.slots[i].key == key:
+                return t.slots[i].node
+            i = (i + 1) & t.mask
+        if self._free_head != RADIX_NO_NODE:
+            node = self._free_head
+            self._free_head = self._next[node]
+        else:
+            if self._fresh == self._node_cap:
+                self._grow_nodes()
+            node = self._fresh
+            self._fresh += 1
         self._keys[node] = key
         self._hint[node] = RADIX_NO_NODE
         memset(self._bits + <size_t>node * self._stride, 0, self._stride * sizeof(uint64_t))
         self._lru_push_tail(node)
-        self._table_insert(key, node)
+        t.slots[i].key = key
+        t.slots[i].node = node
+        t.count += 1
         self.n_nodes += 1
         return node
 
@@ -418,7 +545,7 @@ cdef class PrefixIndex:
             while cap < <uint64_t>self.n_nodes * 2:
                 cap *= 2
             if cap < self._node_cap:
-                self._resize(cap)
+                self._compact(cap)
         return 0
 
     cdef int _debug_check(self) except -1:
@@ -478,7 +605,11 @@ cdef class PrefixIndex:
         cdef const uint64_t *h
         cdef Py_ssize_t n, k
         cdef uint32_t node, parent, child = RADIX_NO_NODE
-        cdef int64_t rebuilds
+        cdef RadixTable *tabs = self._tabs
+        cdef uint32_t ahead[RADIX_STORE_AHEAD]
+        cdef Py_ssize_t j, kk
+        cdef int64_t before
+        cdef bint relink
         cdef uint64_t bit
         cdef uint64_t *b
         cdef int w
@@ -511,14 +642,27 @@ cdef class PrefixIndex:
             ts = self.last_store_time
             # Deepest block first: after this loop the LRU order is leaf .. root,
             # so eviction trims prefixes from their tail end.
+            # Node ids do not change in a store (the pool grows in place, nothing is freed),
+            # so ``child``, ``parent`` and the nodes looked up ahead stay valid across
+            # _find_or_alloc. The lookups of RADIX_STORE_AHEAD blocks are done first, their
+            # home slots prefetched, apart from the LRU relinking that chains one block to the
+            # next: their cache misses overlap.
             for k in range(n - 1, -1, -1):
-                node = self._find(h[k])
+                j = (n - 1 - k) % RADIX_STORE_AHEAD
+                if j == 0:
+                    for kk in range(min(RADIX_STORE_AHEAD, k + 1)):
+                        mf_prefetch(_home_slot(tabs, h[k - kk]))
+                    for kk in range(min(RADIX_STORE_AHEAD, k + 1)):
+                        ahead[kk] = _find_in(tabs, h[k - kk])
+                node = ahead[j]
+                relink = True
                 if node == RADIX_NO_NODE:
-                    rebuilds = self._debug_rebuilds
-                    node = self._alloc_node(h[k])
-                    if rebuilds != self._debug_rebuilds and child != RADIX_NO_NODE:
-                        child = self._find(h[k + 1])     # ids were compacted
-                elif node != self._lru_tail:
+                    # not there when looked up: a new node (at the LRU tail), or, for a hash
+                    # given twice in one call, the node its first made
+                    before = self.n_nodes
+                    node = self._find_or_alloc(h[k])
+                    relink = before == self.n_nodes
+                if relink and node != self._lru_tail:
                     self._lru_unlink(node)
                     self._lru_push_tail(node)
                 self._ts[node] = ts
@@ -531,10 +675,7 @@ cdef class PrefixIndex:
                     b[0] |= bit
                     added += 1
             if parent != RADIX_NO_NODE and child != RADIX_NO_NODE:
-                # _alloc_node may have rebuilt the arrays: look the parent up again
-                parent = self._find(parent_hash)
-                if parent != RADIX_NO_NODE:
-                    self._hint[parent] = child
+                self._hint[parent] = child
             self.n_blocks += added
             self._inst_blocks[instance] += added
         finally:
@@ -578,6 +719,8 @@ cdef class PrefixIndex:
         cdef uint64_t *b
         cdef int w, ww
         cdef int64_t removed = 0
+        cdef uint32_t ahead[RADIX_STORE_AHEAD]
+        cdef Py_ssize_t j, kk
         self._check_instance(instance)
         if tier < 0 or tier >= N_TIERS:
             raise ValueError(f"tier is expected to be 0 (device), 1 (host) or 2 (disk), "
@@ -589,8 +732,20 @@ cdef class PrefixIndex:
             w = instance >> 6
             bit = (<uint64_t>1) << (instance & 63)
             for k in range(n):
-                node = self._find(h[k])
-                if node == RADIX_NO_NODE:
+                # Looked up RADIX_STORE_AHEAD blocks at a time (home slots prefetched first),
+                # their masks prefetched: the misses overlap. Ids stay (a free moves no other node); a node freed since
+                # its lookup (its hash given twice in this call) no longer has its hash.
+                j = k % RADIX_STORE_AHEAD
+                if j == 0:
+                    for kk in range(min(RADIX_STORE_AHEAD, n - k)):
+                        mf_prefetch(_home_slot(self._tabs, h[k + kk]))
+                    for kk in range(min(RADIX_STORE_AHEAD, n - k)):
+                        node = _find_in(self._tabs, h[k + kk])
+                        ahead[kk] = node
+                        if node != RADIX_NO_NODE:
+                            mf_prefetch(self._bits + <size_t>node * self._stride + 4 * w)
+                node = ahead[j]
+                if node == RADIX_NO_NODE or self._keys[node] != h[k]:
                     continue
                 nb = self._bits + <size_t>node * self._stride
                 b = nb + 4 * w
@@ -639,7 +794,7 @@ cdef class PrefixIndex:
         self._check_instance(instance)
         w = instance >> 6
         bit = (<uint64_t>1) << (instance & 63)
-        for node in range(self._node_cap):
+        for node in range(self._fresh):
             if self._keys[node] == 0:
                 continue
             nb = self._bits + <size_t>node * self._stride
@@ -727,10 +882,8 @@ cdef class PrefixIndex:
         previous one when its key matches (one compare), else a table probe (inlined). A
         node whose tier masks are the previous node's changes nothing (the run's
         instances and their best tiers stay): its step is skipped."""
-        cdef int shift = self._slot_shift
-        cdef uint64_t smask = self._slot_mask
+        cdef RadixTable *tabs = self._tabs
         cdef size_t stride = <size_t>self._stride
-        cdef const RadixSlot *slots = self._slots
         cdef const uint64_t *bits = self._bits
         cdef const uint64_t *keys = self._keys
         cdef const uint32_t *hint = self._hint
@@ -741,7 +894,7 @@ cdef class PrefixIndex:
         cdef Py_ssize_t j, end = n
         cdef uint32_t node, nxt
         cdef int inst
-        node = _find_in(slots, smask, shift, q[0])
+        node = _find_in(tabs, q[0])
         if node == RADIX_NO_NODE:
             return 0
         b = bits + node * stride
@@ -754,7 +907,7 @@ cdef class PrefixIndex:
             key = q[j]
             nxt = hint[node]
             if nxt == RADIX_NO_NODE or keys[nxt] != key or key == 0:
-                nxt = _find_in(slots, smask, shift, key)
+                nxt = _find_in(tabs, key)
                 if nxt == RADIX_NO_NODE:
                     end = j
                     break
@@ -793,14 +946,14 @@ cdef class PrefixIndex:
         # Only the words up to the highest instance ever stored can hold a bit: 64 endpoints
         # read one word of each node's masks, not max_instances / 64.
         cdef int W = self._used_words, w, inst
-        cdef int stride = self._stride, shift = self._slot_shift
+        cdef int stride = self._stride
         cdef Py_ssize_t j, end = n, pre
         cdef uint32_t node
         cdef const uint64_t *b
         cdef uint64_t ch, m, anyact
         cdef uint64_t a1 = 0, q0 = 0, q1 = 0, q2 = 0     # the masks of word 0 when W == 1
         cdef int32_t *seg = self._seg_start
-        cdef const RadixSlot *slots = self._slots
+        cdef RadixTable *tabs = self._tabs
         cdef const uint64_t *bits = self._bits
         cdef const uint64_t *keys = self._keys
         cdef const uint32_t *hint = self._hint
@@ -819,7 +972,7 @@ cdef class PrefixIndex:
         a1 = active[0]
         pre = n if n < RADIX_PREFETCH_SLOTS else RADIX_PREFETCH_SLOTS
         for j in range(pre):
-            mf_prefetch(&slots[_home(q[j], shift)])
+            mf_prefetch(_home_slot(tabs, q[j]))
         pre = n if n < RADIX_PREFETCH_NODES else RADIX_PREFETCH_NODES
         for j in range(pre):
             node = self._find(q[j])
@@ -829,7 +982,7 @@ cdef class PrefixIndex:
         for j in range(n):
             # Table slots are prefetched only while child hints miss.
             if misses and j + RADIX_PREFETCH_SLOTS < n:
-                mf_prefetch(&slots[_home(q[j + RADIX_PREFETCH_SLOTS], shift)])
+                mf_prefetch(_home_slot(tabs, q[j + RADIX_PREFETCH_SLOTS]))
             if j + RADIX_PREFETCH_NODES < n:
                 # The previous block's last stored child is usually this block:
                 # checking it (one key compare) skips the random table probe.
@@ -957,21 +1110,28 @@ cdef class PrefixIndex:
 
     @property
     def memory_bytes(self):
-        """Bytes of C memory owned: table slots + node arrays + per-instance arrays.
+        """Bytes of C memory reserved: table slots + node arrays + per-instance arrays.
 
-        Per node slot: 16 * 2 (table) + 8 (hash) + 32 * ceil(max_instances/64)
-        (masks) + 8 (time) + 8 (LRU links) + 4 (child hint). Capacity doubles when full and halves
-        (by rebuild) below a quarter full, floor 1024 nodes.
+        Per node of capacity: 8 (hash) + 32 * ceil(max_instances/64) (masks) + 8 (time)
+        + 8 (LRU links) + 4 (child hint); the node capacity doubles in place when full and
+        halves (by a compacting rebuild) below a quarter full, floor 1024 nodes. Table: 16
+        bytes a slot, 2 to 8 slots a key (each of the 256 sub-tables doubles past half full
+        and halves below an eighth, floor 16 slots). On Linux a grown array's pages are
+        counted here before they are first written (and so resident).
         """
-        cdef size_t per_node = (RADIX_SLOTS_PER_NODE * sizeof(RadixSlot) + sizeof(uint64_t)
-                                + self._stride * sizeof(uint64_t) + sizeof(double)
-                                + 3 * sizeof(uint32_t))
-        return (<size_t>self._node_cap * per_node
+        cdef size_t per_node = (sizeof(uint64_t) + self._stride * sizeof(uint64_t)
+                                + sizeof(double) + 3 * sizeof(uint32_t))
+        cdef size_t slots = 0
+        cdef int t
+        for t in range(RADIX_TABLES):
+            slots += self._tabs[t].mask + 1
+        return (<size_t>self._node_cap * per_node + slots * sizeof(RadixSlot)
+                + RADIX_TABLES * sizeof(RadixTable)
                 + self.max_instances * (sizeof(int64_t) + sizeof(int32_t)))
 
     @property
     def node_capacity(self):
-        """Nodes the arrays can hold before the next rebuild."""
+        """Nodes the arrays can hold before they next grow."""
         return self._node_cap
 
     def instance_blocks(self, int instance):
@@ -1019,8 +1179,10 @@ cdef class PrefixIndex:
         cdef int w, t
         cdef int64_t blocks = 0, occupied = 0
         cdef double last_ts = float("-inf")
-        cdef uint64_t si
-        cdef int i
+        cdef uint64_t si, held
+        cdef int i, ti
+        cdef int64_t free_nodes
+        cdef RadixTable *tab
         per_inst = [0] * self.max_instances
         node = self._lru_head
         while node != RADIX_NO_NODE:
@@ -1057,9 +1219,29 @@ cdef class PrefixIndex:
             raise AssertionError("LRU tail is wrong")
         if cnt != self.n_nodes:
             raise AssertionError(f"n_nodes {self.n_nodes} != {cnt} nodes on the LRU list")
-        for si in range(self._slot_mask + 1):
-            if self._slots[si].key != 0:
-                occupied += 1
+        for ti in range(RADIX_TABLES):
+            tab = &self._tabs[ti]
+            held = 0
+            for si in range(tab.mask + 1):
+                if tab.slots[si].key != 0:
+                    held += 1
+                    if _table_of(self._tabs, tab.slots[si].key * RADIX_HOME_MUL) != tab:
+                        raise AssertionError(f"hash {tab.slots[si].key} in sub-table {ti}")
+            if held != tab.count:
+                raise AssertionError(f"sub-table {ti} holds {held} keys, counts {tab.count}")
+            if held * 2 > tab.mask + 1 or tab.mask + 1 < RADIX_TABLE_MIN:
+                raise AssertionError(f"sub-table {ti}: {held} keys in {tab.mask + 1} slots")
+            occupied += held
+        node = self._free_head
+        free_nodes = 0
+        while node != RADIX_NO_NODE:
+            if node >= self._fresh or self._keys[node] != 0:
+                raise AssertionError(f"free node {node} is fresh or has a hash")
+            free_nodes += 1
+            node = self._next[node]
+        if free_nodes + self.n_nodes != self._fresh or self._fresh > self._node_cap:
+            raise AssertionError(f"{free_nodes} free + {self.n_nodes} live nodes, "
+                                 f"{self._fresh} ids used of {self._node_cap}")
         if occupied != self.n_nodes:
             raise AssertionError(f"table holds {occupied} keys, n_nodes is {self.n_nodes}")
         if blocks != self.n_blocks:

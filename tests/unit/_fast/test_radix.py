@@ -2,6 +2,8 @@
 sequences compared against the reference model, memory returning to its start."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -408,3 +410,49 @@ def test_branches_from_a_shared_prefix_match_independently(make):
     assert m(ix, qr)[:2].tolist() == [[3, 0, 0], [0, 7, 0]]
     ix.remove(1, HOST, right[:1])
     assert m(ix, qr)[1].tolist() == [0, 3, 0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(picks=st.lists(st.integers(0, 79), min_size=1, max_size=120),
+       drops=st.lists(st.integers(0, 79), max_size=120), tier=st.integers(0, 2))
+def test_a_hash_given_twice_in_one_call_agrees_with_the_reference(picks, drops, tier):
+    """store and remove look blocks up ahead of changing them (32 at a time): a hash that
+    comes back later in the same call, in the same batch of lookups or the next, is the
+    node its first made (store) or is already gone (remove)."""
+    universe = chain(5, 80)
+    c_ix, r_ix = radix.PrefixIndex(8), ref.PrefixIndex(8)
+    h = universe[picks]
+    assert c_ix.store(3, tier, 0, h) == r_ix.store(3, tier, 0, h)
+    assert [int(x) for x in c_ix.lru_hashes()] == r_ix.lru_hashes()
+    c_ix._check_invariants()
+    d = universe[drops]
+    assert c_ix.remove(3, tier, d) == r_ix.remove(3, tier, d)
+    assert (c_ix.n_nodes, c_ix.n_blocks) == (r_ix.n_nodes, r_ix.n_blocks)
+    assert [int(x) for x in c_ix.lru_hashes()] == r_ix.lru_hashes()
+    c_ix._check_invariants()
+
+
+def test_growing_keeps_node_ids_and_copies_nothing():
+    """A full node pool doubles in place (Linux: mremap): no compaction, so the growth's
+    cost does not depend on how many nodes the index holds. The table grows one of its 256
+    sub-tables at a time. Matches and the LRU order are those of an index that never grew."""
+    assert radix.REMAP_IN_PLACE == sys.platform.startswith("linux")
+    ix = radix.PrefixIndex(64)
+    start_cap = ix.node_capacity
+    chains = [chain(200 + k, 600) for k in range(40)]          # 24,000 nodes: 5 doublings
+    for k, c in enumerate(chains):
+        ix.store(k % 64, k % 3, 0, c, now=float(k))
+    assert ix.node_capacity == start_cap * 32
+    assert ix._debug_grows == 5 and ix._debug_rebuilds == 0
+    ix._check_invariants()
+    for k, c in enumerate(chains):
+        out = ix.match(c)
+        assert out[k % 64].tolist() == [600 if t == k % 3 else 0 for t in range(3)]
+    assert [int(x) for x in ix.lru_hashes()] == [int(x) for c in chains for x in c[::-1]]
+    # the pool shrinks by a compaction (ids change) once below a quarter full
+    for k, c in enumerate(chains[4:]):
+        ix.remove((k + 4) % 64, (k + 4) % 3, c)
+    assert ix._debug_rebuilds >= 1 and ix.node_capacity < start_cap * 32
+    ix._check_invariants()
+    for k, c in enumerate(chains[:4]):
+        assert ix.match(c)[k % 64].sum() == 600
