@@ -25,6 +25,8 @@ cdef enum:
     RADIX_PREFETCH_SLOTS = 32      # match: blocks ahead whose table slot is prefetched
     RADIX_PREFETCH_NODES = 16       # match: blocks ahead whose node masks are prefetched
     RADIX_STORE_AHEAD = 32         # store, remove: blocks looked up before their nodes change
+    RADIX_SHRINK_BUDGET = 65536    # work units of one step of halving the pool (~0.1 ms)
+    RADIX_SHRINK_MOVE = 64         # units of moving one node (an id looked at: 1)
 
 
 cdef struct RadixSlot:
@@ -62,7 +64,12 @@ cdef class PrefixIndex:
     cdef uint32_t *_hint             # last stored child of a node (verified by key on use)
     cdef uint32_t _lru_head
     cdef uint32_t _lru_tail
-    cdef uint32_t _free_head
+    cdef uint32_t *_free_ids         # stack of free ids below _fresh (ids at or above
+    cdef uint32_t _n_free            # _shrink_to excluded while the pool halves)
+    cdef uint32_t _shrink_to         # 0, or the capacity the pool is halving to
+    cdef uint32_t _shrink_at         # phase 1: ids below it are left to move; phase 2: hints
+    cdef int _shrink_phase           # 0 none, 1 moving nodes down, 2 clearing hints
+    cdef public int64_t _shrink_budget  # work units a step (tests set it small)
 
     cdef int64_t *_inst_blocks       # holdings per instance
     cdef int32_t *_seg_start         # match scratch, per instance
@@ -71,7 +78,7 @@ cdef class PrefixIndex:
     cdef readonly int64_t n_blocks
     cdef readonly int64_t n_orphan_stores
     cdef readonly double last_store_time
-    cdef readonly int64_t _debug_rebuilds   # compactions (shrinks)
+    cdef readonly int64_t _debug_rebuilds   # halvings of the node pool completed
     cdef readonly int64_t _debug_grows      # in-place growths of the node arrays
     cdef readonly int64_t _debug_checks
 
@@ -80,7 +87,8 @@ cdef class PrefixIndex:
     cdef int _check_instance(self, int instance) except -1
     cdef int32_t *_check_out(self, object out) except NULL
     cdef Py_ssize_t _match(self, object block_hashes, object out) except -1
-    cdef int _compact(self, uint32_t node_cap) except -1
+    cdef int _map_nodes(self, uint32_t node_cap) except -1
+    cdef int _resize_nodes(self, uint64_t ncap) except -1
     cdef int _grow_nodes(self) except -1
     cdef uint32_t _find(self, uint64_t key) noexcept nogil
     cdef RadixTable *_table_reserve(self, uint64_t h) except NULL
@@ -91,6 +99,8 @@ cdef class PrefixIndex:
     cdef void _lru_push_tail(self, uint32_t node) noexcept nogil
     cdef int64_t _drop_node_holdings(self, uint32_t node) noexcept nogil
     cdef int _maybe_shrink(self) except -1
+    cdef void _shrink_cancel(self) noexcept nogil
+    cdef void _move_node(self, uint32_t src, uint32_t dst) noexcept nogil
     cdef int _debug_check(self) except -1
     cdef Py_ssize_t _match_one_word(self, const uint64_t *hashes, Py_ssize_t n,
                                     int32_t *out) noexcept nogil

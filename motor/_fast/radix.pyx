@@ -16,7 +16,8 @@ held by ``i`` is ``t`` (TIER_DEVICE < TIER_HOST < TIER_DISK), so
 Complexity: store / remove O(blocks) expected (a growth of the node pool is an mremap,
 a growth of one of the 256 hash sub-tables moves its keys only); match O(R) where
 R = max_i R_i (+ O(changes) when holders or tiers change along the prefix); clear
-O(nodes); eviction O(evicted); a shrink (below a quarter full) O(live nodes). Memory: see :attr:`PrefixIndex.memory_bytes` and docs/fast.md.
+O(nodes); eviction O(evicted); a halving of the pool (below a quarter full) is spread
+over calls, a bounded step each. Memory: see :attr:`PrefixIndex.memory_bytes` and docs/fast.md.
 """
 from libc.stdint cimport uint32_t, uint64_t, int32_t, int64_t
 from libc.stdlib cimport malloc, calloc, free
@@ -243,11 +244,16 @@ cdef class PrefixIndex:
         self._hint = NULL
         self._inst_blocks = NULL
         self._seg_start = NULL
+        self._free_ids = NULL
         self._node_cap = 0
         self._fresh = 0
+        self._n_free = 0
+        self._shrink_to = 0
+        self._shrink_at = 0
+        self._shrink_phase = 0
+        self._shrink_budget = RADIX_SHRINK_BUDGET
         self._lru_head = RADIX_NO_NODE
         self._lru_tail = RADIX_NO_NODE
-        self._free_head = RADIX_NO_NODE
 
     def __init__(self, int max_instances=256):
         cdef int t
@@ -279,8 +285,7 @@ cdef class PrefixIndex:
         self.last_store_time = float("-inf")
         self._lru_head = RADIX_NO_NODE
         self._lru_tail = RADIX_NO_NODE
-        self._free_head = RADIX_NO_NODE
-        self._compact(RADIX_INITIAL_NODES)
+        self._map_nodes(RADIX_INITIAL_NODES)
         self._debug_rebuilds = 0
 
     def __dealloc__(self):
@@ -299,89 +304,33 @@ cdef class PrefixIndex:
 
     # ------------------------------------------------------------ storage
 
-    cdef int _compact(self, uint32_t node_cap) except -1:
-        """Move the live nodes to new arrays of ``node_cap`` nodes, ids 0..n-1 in LRU order
-        (the tables' node ids and the child hints follow); the old arrays are freed. O(live
-        nodes + table slots): used to shrink, never to grow. Old state is kept on
-        MemoryError."""
+    cdef int _map_nodes(self, uint32_t node_cap) except -1:
+        """Empty node arrays for ``node_cap`` nodes (the index holds none)."""
         cdef size_t stride = <size_t>self._stride
-        cdef uint64_t *keys
-        cdef uint64_t *bits
-        cdef double *ts
-        cdef uint32_t *prev
-        cdef uint32_t *nxt
-        cdef uint32_t *hint
-        cdef uint32_t *remap = NULL
-        cdef uint32_t n = 0, node, i, old
-        cdef uint64_t si
-        cdef RadixTable *t
-        cdef int ti
-        if node_cap < <uint64_t>self.n_nodes or node_cap >= RADIX_NO_NODE:
-            raise MemoryError(f"PrefixIndex cannot hold {node_cap} nodes")
-        keys = <uint64_t *>radix_map(node_cap * sizeof(uint64_t))
-        bits = <uint64_t *>radix_map(node_cap * stride * sizeof(uint64_t))
-        ts = <double *>radix_map(node_cap * sizeof(double))
-        prev = <uint32_t *>radix_map(node_cap * sizeof(uint32_t))
-        nxt = <uint32_t *>radix_map(node_cap * sizeof(uint32_t))
-        hint = <uint32_t *>radix_map(node_cap * sizeof(uint32_t))
-        if self._fresh:
-            remap = <uint32_t *>malloc(self._fresh * sizeof(uint32_t))
-        if (keys == NULL or bits == NULL or ts == NULL or prev == NULL or nxt == NULL
-                or hint == NULL or (self._fresh and remap == NULL)):
-            radix_unmap(keys, node_cap * sizeof(uint64_t))
-            radix_unmap(bits, node_cap * stride * sizeof(uint64_t))
-            radix_unmap(ts, node_cap * sizeof(double))
-            radix_unmap(prev, node_cap * sizeof(uint32_t))
-            radix_unmap(nxt, node_cap * sizeof(uint32_t))
-            radix_unmap(hint, node_cap * sizeof(uint32_t))
-            free(remap)
-            raise MemoryError()
-        for i in range(self._fresh):
-            remap[i] = RADIX_NO_NODE
-        node = self._lru_head
-        while node != RADIX_NO_NODE:
-            keys[n] = self._keys[node]
-            memcpy(bits + <size_t>n * stride, self._bits + <size_t>node * stride,
-                   stride * sizeof(uint64_t))
-            ts[n] = self._ts[node]
-            prev[n] = n - 1 if n > 0 else RADIX_NO_NODE
-            nxt[n] = n + 1
-            hint[n] = self._hint[node]     # old id, remapped below
-            remap[node] = n
-            n += 1
-            node = self._next[node]
-        if n > 0:
-            nxt[n - 1] = RADIX_NO_NODE
-        for i in range(n):
-            old = hint[i]
-            hint[i] = remap[old] if old != RADIX_NO_NODE else RADIX_NO_NODE
-        for ti in range(RADIX_TABLES):
-            t = &self._tabs[ti]
-            for si in range(t.mask + 1):
-                if t.slots[si].key != 0:
-                    t.slots[si].node = remap[t.slots[si].node]
-        free(remap)
         self._unmap_nodes()
-        self._keys = keys
-        self._bits = bits
-        self._ts = ts
-        self._prev = prev
-        self._next = nxt
-        self._hint = hint
         self._node_cap = node_cap
-        self._fresh = n
-        self._lru_head = 0 if n > 0 else RADIX_NO_NODE
-        self._lru_tail = n - 1 if n > 0 else RADIX_NO_NODE
-        self._free_head = RADIX_NO_NODE
-        self._debug_rebuilds += 1
+        self._keys = <uint64_t *>radix_map(node_cap * sizeof(uint64_t))
+        self._bits = <uint64_t *>radix_map(node_cap * stride * sizeof(uint64_t))
+        self._ts = <double *>radix_map(node_cap * sizeof(double))
+        self._prev = <uint32_t *>radix_map(node_cap * sizeof(uint32_t))
+        self._next = <uint32_t *>radix_map(node_cap * sizeof(uint32_t))
+        self._hint = <uint32_t *>radix_map(node_cap * sizeof(uint32_t))
+        self._free_ids = <uint32_t *>radix_map(node_cap * sizeof(uint32_t))
+        if (self._keys == NULL or self._bits == NULL or self._ts == NULL or self._prev == NULL
+                or self._next == NULL or self._hint == NULL or self._free_ids == NULL):
+            self._unmap_nodes()
+            raise MemoryError()
+        self._lru_head = RADIX_NO_NODE
+        self._lru_tail = RADIX_NO_NODE
         return 0
 
-    cdef int _grow_nodes(self) except -1:
-        """Double the node arrays in place (:func:`radix_remap`): ids, links and hints stay,
-        the new ids are fresh. Old state is kept on MemoryError."""
-        cdef uint64_t cap = self._node_cap, ncap = cap * 2
-        cdef void **field[6]
-        cdef size_t size[6]
+    cdef int _resize_nodes(self, uint64_t ncap) except -1:
+        """The node arrays resized in place to ``ncap`` nodes (:func:`radix_remap`; a shrink
+        keeps ids below ``ncap`` only, the caller moved the others). Ids, links and hints
+        stay. Old state is kept on MemoryError."""
+        cdef uint64_t cap = self._node_cap
+        cdef void **field[7]
+        cdef size_t size[7]
         cdef void *q
         cdef int k, j
         if ncap >= RADIX_NO_NODE:
@@ -398,16 +347,26 @@ cdef class PrefixIndex:
         size[4] = sizeof(uint32_t)
         field[5] = <void **>&self._hint
         size[5] = sizeof(uint32_t)
-        for k in range(6):
+        field[6] = <void **>&self._free_ids
+        size[6] = sizeof(uint32_t)
+        for k in range(7):
             q = radix_remap(field[k][0], cap * size[k], ncap * size[k])
             if q == NULL:
-                for j in range(k):      # shrinking a mapping in place does not fail
+                if ncap < cap:      # a mapping shrunk in place: kept whole (cannot happen)
+                    continue
+                for j in range(k):
                     q = radix_remap(field[j][0], ncap * size[j], cap * size[j])
                     if q != NULL:
                         field[j][0] = q
                 raise MemoryError()
             field[k][0] = q
         self._node_cap = <uint32_t>ncap
+        return 0
+
+    cdef int _grow_nodes(self) except -1:
+        """Double the node arrays in place: ids, links and hints stay, the new ids are
+        fresh. Old state is kept on MemoryError."""
+        self._resize_nodes(<uint64_t>self._node_cap * 2)
         self._debug_grows += 1
         return 0
 
@@ -419,8 +378,12 @@ cdef class PrefixIndex:
         radix_unmap(self._prev, cap * sizeof(uint32_t)); self._prev = NULL
         radix_unmap(self._next, cap * sizeof(uint32_t)); self._next = NULL
         radix_unmap(self._hint, cap * sizeof(uint32_t)); self._hint = NULL
+        radix_unmap(self._free_ids, cap * sizeof(uint32_t)); self._free_ids = NULL
         self._node_cap = 0
         self._fresh = 0
+        self._n_free = 0
+        self._shrink_to = 0
+        self._shrink_phase = 0
 
     cdef uint32_t _find(self, uint64_t key) noexcept nogil:
         return _find_in(self._tabs, key)
@@ -492,9 +455,11 @@ cdef class PrefixIndex:
             if t.slots[i].key == key:
                 return t.slots[i].node
             i = (i + 1) & t.mask
-        if self._free_head != RADIX_NO_NODE:
-            node = self._free_head
-            self._free_head = self._next[node]
+        if self._n_free == 0 and self._shrink_to and self._fresh >= self._shrink_to:
+            self._shrink_cancel()       # no id left below the shrink's capacity
+        if self._n_free:
+            self._n_free -= 1
+            node = self._free_ids[self._n_free]
         else:
             if self._fresh == self._node_cap:
                 self._grow_nodes()
@@ -511,12 +476,16 @@ cdef class PrefixIndex:
         return node
 
     cdef void _free_node(self, uint32_t node) noexcept nogil:
+        """Forget ``node``; its id is free again, except at or above the capacity the pool
+        is shrinking to (that id goes with the shrink)."""
         self._table_delete(self._keys[node])
         self._lru_unlink(node)
         self._keys[node] = 0
         self._prev[node] = RADIX_NO_NODE
-        self._next[node] = self._free_head
-        self._free_head = node
+        self._next[node] = RADIX_NO_NODE
+        if self._shrink_to == 0 or node < self._shrink_to:
+            self._free_ids[self._n_free] = node
+            self._n_free += 1
         self.n_nodes -= 1
 
     cdef int64_t _drop_node_holdings(self, uint32_t node) noexcept nogil:
@@ -538,15 +507,117 @@ cdef class PrefixIndex:
         return removed
 
     cdef int _maybe_shrink(self) except -1:
-        cdef uint32_t cap
-        if (self._node_cap > RADIX_INITIAL_NODES
-                and <uint64_t>self.n_nodes * 4 < self._node_cap):
-            cap = RADIX_INITIAL_NODES
-            while cap < <uint64_t>self.n_nodes * 2:
-                cap *= 2
-            if cap < self._node_cap:
-                self._compact(cap)
+        """One bounded step (``_shrink_budget`` units, RADIX_SHRINK_BUDGET unless a test
+        sets it) of halving the node pool, which
+        starts when it is below a quarter full (floor RADIX_INITIAL_NODES). A halving to
+        ``c``: the free ids at or above ``c`` are dropped (one pass over the free ids);
+        phase 1 moves the live nodes at or above ``c`` to free ids below it, from the top
+        down (a move costs RADIX_SHRINK_MOVE units, an id looked at 1); phase 2 clears the
+        child hints that point at or above ``c``; then the arrays shrink in place. Between
+        steps the index works as always: new nodes take ids below ``c``, and a node freed at
+        or above it is not reused. A small index halves to its floor within one step."""
+        cdef int64_t budget = self._shrink_budget
+        cdef uint32_t node, dst, target, end, i, k, kept
+        while budget > 0:
+            if self._shrink_phase == 0:
+                if not (self._node_cap > RADIX_INITIAL_NODES
+                        and <uint64_t>self.n_nodes * 4 < self._node_cap):
+                    return 0
+                target = self._node_cap // 2
+                kept = 0
+                for k in range(self._n_free):
+                    i = self._free_ids[k]
+                    if i < target:
+                        self._free_ids[kept] = i
+                        kept += 1
+                budget -= self._n_free
+                self._n_free = kept
+                self._shrink_to = target
+                self._shrink_at = self._fresh if self._fresh > target else target
+                self._shrink_phase = 1
+            target = self._shrink_to
+            if self._shrink_phase == 1:
+                while self._shrink_at > target and budget > 0:
+                    self._shrink_at -= 1
+                    node = self._shrink_at
+                    budget -= 1
+                    if self._keys[node] != 0:
+                        if self._n_free == 0:       # cannot happen: n_nodes < target / 2
+                            self._shrink_cancel()
+                            return 0
+                        self._n_free -= 1
+                        dst = self._free_ids[self._n_free]
+                        self._move_node(node, dst)
+                        budget -= RADIX_SHRINK_MOVE
+                if self._shrink_at > target:
+                    return 0
+                self._shrink_phase = 2
+                self._shrink_at = 0
+            if self._shrink_phase == 2:
+                end = target
+                if <int64_t>(end - self._shrink_at) > budget:
+                    end = self._shrink_at + <uint32_t>budget
+                for i in range(self._shrink_at, end):
+                    if self._hint[i] != RADIX_NO_NODE and self._hint[i] >= target:
+                        self._hint[i] = RADIX_NO_NODE
+                budget -= end - self._shrink_at
+                self._shrink_at = end
+                if end < target:
+                    return 0
+                self._resize_nodes(target)
+                if self._fresh > target:
+                    self._fresh = target
+                self._shrink_to = 0
+                self._shrink_phase = 0
+                self._debug_rebuilds += 1
         return 0
+
+    cdef void _shrink_cancel(self) noexcept nogil:
+        """Give a halving up (the index filled again): every free id below ``_fresh`` is
+        free again, the dropped ones too. O(ids used), once."""
+        cdef uint32_t i
+        self._n_free = 0
+        i = self._fresh
+        while i > 0:
+            i -= 1
+            if self._keys[i] == 0:
+                self._free_ids[self._n_free] = i
+                self._n_free += 1
+        self._shrink_to = 0
+        self._shrink_phase = 0
+
+    cdef void _move_node(self, uint32_t src, uint32_t dst) noexcept nogil:
+        """Node ``src`` becomes node ``dst`` (free): its hash, masks, time, hint, LRU place
+        and table slot. Hints elsewhere that point at ``src`` go stale (verified by key on
+        use; phase 2 of a shrink clears them)."""
+        cdef size_t stride = <size_t>self._stride
+        cdef uint64_t key = self._keys[src]
+        cdef uint64_t h = key * RADIX_HOME_MUL
+        cdef RadixTable *t = _table_of(self._tabs, h)
+        cdef uint64_t i = _home(t, h)
+        cdef uint32_t p = self._prev[src], q = self._next[src]
+        self._keys[dst] = key
+        memcpy(self._bits + <size_t>dst * stride, self._bits + <size_t>src * stride,
+               stride * sizeof(uint64_t))
+        self._ts[dst] = self._ts[src]
+        self._hint[dst] = self._hint[src]
+        self._prev[dst] = p
+        self._next[dst] = q
+        if p != RADIX_NO_NODE:
+            self._next[p] = dst
+        else:
+            self._lru_head = dst
+        if q != RADIX_NO_NODE:
+            self._prev[q] = dst
+        else:
+            self._lru_tail = dst
+        while t.slots[i].key != key:
+            i = (i + 1) & t.mask
+        t.slots[i].node = dst
+        self._keys[src] = 0
+        self._hint[src] = RADIX_NO_NODE
+        self._prev[src] = RADIX_NO_NODE
+        self._next[src] = RADIX_NO_NODE
 
     cdef int _debug_check(self) except -1:
         self._debug_checks += 1
@@ -680,6 +751,8 @@ cdef class PrefixIndex:
             self._inst_blocks[instance] += added
         finally:
             PyBuffer_Release(&view)
+        if self._shrink_phase:      # a halving of the pool goes on a step at each call
+            self._maybe_shrink()
         if MOTOR_DEBUG:
             self._debug_check()
         return added
@@ -1113,14 +1186,15 @@ cdef class PrefixIndex:
         """Bytes of C memory reserved: table slots + node arrays + per-instance arrays.
 
         Per node of capacity: 8 (hash) + 32 * ceil(max_instances/64) (masks) + 8 (time)
-        + 8 (LRU links) + 4 (child hint); the node capacity doubles in place when full and
-        halves (by a compacting rebuild) below a quarter full, floor 1024 nodes. Table: 16
+        + 8 (LRU links) + 4 (child hint) + 4 (free id); the node capacity doubles in place
+        when full and halves below a quarter full (a bounded step at each call, see
+        ``_maybe_shrink``), floor 1024 nodes. Table: 16
         bytes a slot, 2 to 8 slots a key (each of the 256 sub-tables doubles past half full
         and halves below an eighth, floor 16 slots). On Linux a grown array's pages are
         counted here before they are first written (and so resident).
         """
         cdef size_t per_node = (sizeof(uint64_t) + self._stride * sizeof(uint64_t)
-                                + sizeof(double) + 3 * sizeof(uint32_t))
+                                + sizeof(double) + 4 * sizeof(uint32_t))
         cdef size_t slots = 0
         cdef int t
         for t in range(RADIX_TABLES):
@@ -1128,6 +1202,11 @@ cdef class PrefixIndex:
         return (<size_t>self._node_cap * per_node + slots * sizeof(RadixSlot)
                 + RADIX_TABLES * sizeof(RadixTable)
                 + self.max_instances * (sizeof(int64_t) + sizeof(int32_t)))
+
+    @property
+    def _shrinking(self):
+        """True while a halving of the node pool is under way (for tests)."""
+        return self._shrink_phase != 0
 
     @property
     def node_capacity(self):
@@ -1182,6 +1261,7 @@ cdef class PrefixIndex:
         cdef uint64_t si, held
         cdef int i, ti
         cdef int64_t free_nodes
+        cdef uint32_t k
         cdef RadixTable *tab
         per_inst = [0] * self.max_instances
         node = self._lru_head
@@ -1232,16 +1312,27 @@ cdef class PrefixIndex:
             if held * 2 > tab.mask + 1 or tab.mask + 1 < RADIX_TABLE_MIN:
                 raise AssertionError(f"sub-table {ti}: {held} keys in {tab.mask + 1} slots")
             occupied += held
-        node = self._free_head
+        seen = set()
+        for k in range(self._n_free):
+            node = self._free_ids[k]
+            if node >= self._fresh or self._keys[node] != 0 or node in seen:
+                raise AssertionError(f"free id {node} is fresh, has a hash or is listed twice")
+            if self._shrink_to and node >= self._shrink_to:
+                raise AssertionError(f"free id {node} at or above the shrink's capacity")
+            seen.add(node)
+        for k in range(self._node_cap):
+            if self._hint[k] != RADIX_NO_NODE and self._hint[k] >= self._node_cap:
+                raise AssertionError(f"node {k}'s hint {self._hint[k]} is past the capacity")
         free_nodes = 0
-        while node != RADIX_NO_NODE:
-            if node >= self._fresh or self._keys[node] != 0:
-                raise AssertionError(f"free node {node} is fresh or has a hash")
-            free_nodes += 1
-            node = self._next[node]
-        if free_nodes + self.n_nodes != self._fresh or self._fresh > self._node_cap:
-            raise AssertionError(f"{free_nodes} free + {self.n_nodes} live nodes, "
-                                 f"{self._fresh} ids used of {self._node_cap}")
+        for k in range(self._fresh):
+            if self._keys[k] == 0 and k not in seen:
+                if not (self._shrink_to and k >= self._shrink_to):
+                    raise AssertionError(f"id {k} is neither live nor free")
+                free_nodes += 1     # dropped by the shrink
+        if (self._n_free + free_nodes + self.n_nodes != self._fresh
+                or self._fresh > self._node_cap):
+            raise AssertionError(f"{self._n_free} free + {free_nodes} dropped + {self.n_nodes} "
+                                 f"live ids, {self._fresh} used of {self._node_cap}")
         if occupied != self.n_nodes:
             raise AssertionError(f"table holds {occupied} keys, n_nodes is {self.n_nodes}")
         if blocks != self.n_blocks:

@@ -323,12 +323,16 @@ def test_random_operation_sequences_agree_with_the_reference(ops):
     c_ix._check_invariants()
 
 
-@settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1))
-def test_large_random_workload_agrees_with_the_reference(seed):
-    """Enough nodes to grow and shrink the tables several times."""
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), budget=st.sampled_from([65536, 70, 300]))
+def test_large_random_workload_agrees_with_the_reference(seed, budget):
+    """Enough nodes to grow and shrink the tables several times. ``budget``: the work of
+    one step of halving the node pool; a small one spreads a halving over many calls, so
+    stores, removes, evictions and matches run between its steps (nodes moved down, ids
+    above the new capacity dropped, stale hints)."""
     rng = np.random.default_rng(seed)
     c_ix, r_ix = radix.PrefixIndex(40), ref.PrefixIndex(40)
+    c_ix._shrink_budget = budget
     chains = [chain(int(s), int(n)) for s, n in zip(rng.integers(0, 10**9, 12),
                                                     rng.integers(50, 400, 12))]
     for step in range(60):
@@ -350,6 +354,11 @@ def test_large_random_workload_agrees_with_the_reference(seed):
         else:
             assert c_ix.evict_older_than(step - 10) == r_ix.evict_older_than(step - 10)
         assert c_ix.n_nodes == r_ix.n_nodes
+        q = chains[rng.integers(len(chains))]
+        assert m(c_ix, q).tolist() == r_ix.match(q)
+        if step % 6 == 0:
+            assert [int(x) for x in c_ix.lru_hashes()] == r_ix.lru_hashes()
+            c_ix._check_invariants()
     for c in chains:
         assert m(c_ix, c).tolist() == r_ix.match(c)
     c_ix._check_invariants()
@@ -456,3 +465,41 @@ def test_growing_keeps_node_ids_and_copies_nothing():
     ix._check_invariants()
     for k, c in enumerate(chains[:4]):
         assert ix.match(c)[k % 64].sum() == 600
+
+
+def test_a_halving_of_the_pool_is_spread_over_calls_and_given_up_when_it_fills_again():
+    """Below a quarter full the pool halves a bounded step at each call: the index answers
+    as always in between, and a halving that runs out of ids below its new capacity (the
+    index filled again) is given up, losing nothing."""
+    ix = radix.PrefixIndex(64)
+    ix._shrink_budget = 64 * 4 + 50          # about 4 nodes moved a call
+    chains = [chain(300 + k, 500) for k in range(16)]   # 8,000 nodes: capacity 8,192
+    for k, c in enumerate(chains):
+        ix.store(k, DEV, 0, c, now=float(k))
+    assert ix.node_capacity == 8192
+    ix.evict_to_cap(1500)                     # below a quarter: the halving to 4,096 starts
+    assert ix._shrinking and ix.node_capacity == 8192
+    held = {k: c for k, c in enumerate(chains) if ix.match(c)[k].sum()}
+    assert sum(int(ix.match(c)[k].sum()) for k, c in held.items()) == 1500
+    steps = 0
+    while ix._shrinking:
+        ix.evict_to_cap(1500)                 # evicts nothing; one more step
+        steps += 1
+        ix._check_invariants()
+        for k, c in held.items():             # the surviving tails still match whole
+            assert ix.match(c)[k].sum() == ix.match(c)[k].sum() > 0
+    assert steps > 5 and ix.node_capacity < 8192
+    got = {k: int(ix.match(c)[k].sum()) for k, c in held.items()}
+    assert sum(got.values()) == 1500 and ix.n_nodes == 1500
+    # fill again in the middle of the next halving: it is given up, nothing is lost
+    cap = ix.node_capacity
+    ix.evict_to_cap(cap // 4 - 100)
+    assert ix._shrinking
+    more = [chain(400 + k, 500) for k in range(12)]
+    for k, c in enumerate(more):
+        ix.store(20 + k, HOST, 0, c, now=100.0 + k)
+        ix._check_invariants()
+    assert not ix._shrinking and ix.node_capacity >= cap
+    for k, c in enumerate(more):
+        assert ix.match(c)[20 + k].tolist() == [0, 500, 0]
+    ix._check_invariants()
