@@ -3,7 +3,7 @@
 Not a pytest suite: a command (issue 13 item 4). Two fast fake backends
 (``bench/fast_backend.py``) and, for every repetition and every worker count
 (interleaved, the order alternating), a fresh ``motor coordinator --workers N`` (round
-robin), a warm-up, then ``wrk -t2 -c64`` for ``--duration`` seconds of 1 KB chat requests
+robin), a warm-up, then ``wrk -t2 -c64`` (``--connections``) for ``--duration`` seconds of 1 KB chat requests
 (``max_tokens`` 16; stream: 16 SSE events). Per run, from /proc, for the coordinator's
 whole process tree (supervisor, feed, workers; one process with 1 worker) and for the
 backends and wrk: user and system CPU per request, and voluntary / involuntary context
@@ -19,6 +19,7 @@ Use::
     .venv/bin/python bench/workers_cpu.py                       # 5 reps x 8 s, both modes
     .venv/bin/python bench/workers_cpu.py --reps 3 --stream-only
     .venv/bin/python bench/workers_cpu.py --pythonpath OLD      # motor of OLD as well
+    .venv/bin/python bench/workers_cpu.py --connections 8       # a lighter load
 
 Needs ``wrk``.
 """
@@ -104,8 +105,13 @@ def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise TimeoutError(url)
 
 
+#: wrk's connections (``--connections``): fewer leave each event loop fewer ready sockets a
+#: turn, which is what a second worker does to each loop at the same load
+CONNECTIONS = 64
+
+
 def _wrk(port: int, lua: str, seconds: float) -> tuple[subprocess.Popen[str], list[str]]:
-    cmd = ["wrk", "-t2", "-c64", f"-d{seconds:g}s", "-s", lua, f"http://127.0.0.1:{port}/v1/chat/completions"]
+    cmd = ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{seconds:g}s", "-s", lua, f"http://127.0.0.1:{port}/v1/chat/completions"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True), cmd
 
 
@@ -162,7 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-only", action="store_true")
     ap.add_argument("--nonstream-only", action="store_true")
     ap.add_argument("--pythonpath", metavar="DIR", help="also measure motor of DIR ('old')")
+    ap.add_argument("--connections", type=int, default=64, metavar="N",
+                    help="wrk's connections (default 64)")
     a = ap.parse_args(argv)
+    global CONNECTIONS
+    if a.connections < 2:
+        ap.error(f"--connections is expected to be >= 2 (wrk -t2), got {a.connections}")
+    CONNECTIONS = a.connections
     if shutil.which("wrk") is None:
         print("wrk not found", file=sys.stderr)
         return 2
