@@ -5,6 +5,7 @@ leg too."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import orjson
 import pytest
@@ -194,3 +195,82 @@ async def test_d_a_pd_leg_waiting_on_a_leaving_instance_moves(mode: str, role: s
             s.faults.set({"mode": "none"})
             s._apply_global_fault()
         await stop_pd(gw, sims)
+
+
+@run_async
+async def test_e_a_late_metaserver_call_of_the_decode_that_left_is_not_taken_for_the_new_ones():
+    """decode-first: D1 leaves the routable set before its answer's head and the decode leg
+    moves to D2; D1's metaserver call then arrives late, before D2's. The late call names
+    D1's request id and is answered 404; D2's call runs the prefill with D2's coordinates,
+    and the client gets D2's answer. (Before, both were sent the client's X-Request-Id: the
+    late call was taken for D2's, the prefill pushed the KV to D1, and D2's own call got a
+    404.)"""
+    d1_asked = asyncio.Event()
+    d1_may_call = asyncio.Event()
+    d1_answered = asyncio.Event()
+    calls: list[tuple[str, str, int]] = []          # (who, request_id, status)
+    late: list[asyncio.Future[None]] = []
+
+    async def call_back(who: str, e: Any, port: int) -> int:
+        ktp = e.json["kv_transfer_params"]
+        rid = "chatcmpl-" + e.headers["x-request-id"]
+        url = ktp["metaserver"].split("/", 3)
+        host, mport = url[2].split(":")
+        st, _, _ = await http(int(mport), "POST", "/" + url[3], orjson.dumps(
+            {"request_id": rid, "do_remote_prefill": False, "do_remote_decode": True,
+             "remote_block_ids": [1], "remote_host": "127.0.0.1", "remote_port": port,
+             "remote_engine_id": who}), timeout=10)
+        calls.append((who, rid, st))
+        return st
+
+    async def d1_late_call(fb: FB, e: Any) -> None:
+        await d1_may_call.wait()                    # the leg has moved to D2 by now
+        await call_back("D1", e, fb.port)
+        d1_answered.set()
+
+    async def d1_behave(fb: FB, req: Any, resp: Any, e: Any) -> None:
+        # the connector's call is its own task: it outlives the decode request, which the
+        # coordinator closes when D1 leaves
+        late.append(asyncio.ensure_future(d1_late_call(fb, e)))
+        d1_asked.set()
+        await asyncio.sleep(30)                     # never answers
+
+    async def d2_behave(fb: FB, req: Any, resp: Any, e: Any) -> None:
+        d1_may_call.set()
+        await d1_answered.wait()                    # D1's late call first
+        if await call_back("D2", e, fb.port) != 200:
+            resp.send(500, b'{"error":{"message":"no KV came","type":"x","code":500}}')
+            return
+        await default_behave(fb, req, resp, e)
+
+    p = await FB().start()
+    d1, d2 = await FB(behave=d1_behave).start(), await FB(behave=d2_behave).start()
+    gw = await Gateway([(Role.PREFILL, "127.0.0.1", p.port), (Role.DECODE, "127.0.0.1", d1.port),
+                        (Role.DECODE, "127.0.0.1", d2.port)], mode="pd_decode_first",
+                       timeouts={"first_token_s": 30.0},
+                       retries={"max_attempts": 3, "backoff_s": 0.0}).start()
+    gw.coord.path.metaserver_url = f"http://127.0.0.1:{gw.port}/v1/metaserver"
+    try:
+        ep_of = {e.port: e for e in gw.table.endpoints.values()}
+        gw.table.set_ready(ep_of[d2.port], False, "test: only D1 routable")
+        req = asyncio.ensure_future(http(gw.port, "POST", "/v1/chat/completions", orjson.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+            headers={"x-request-id": "b09e"}, timeout=20))
+        await asyncio.wait_for(d1_asked.wait(), 5)
+        gw.table.set_ready(ep_of[d2.port], True, "test: back")
+        gw.table.set_ready(ep_of[d1.port], False, "test: D1 leaves")
+        st, hdrs, got = await asyncio.wait_for(req, 8)
+        assert st == 200, got
+        assert orjson.loads(got)["usage"]["completion_tokens"] == 4
+        assert hdrs["x-request-id"] == "b09e"            # the client's id, whatever D2 was sent
+        assert calls == [("D1", "chatcmpl-b09e", 404), ("D2", "chatcmpl-b09e.d1", 200)], calls
+        prefills = p.gen("/v1/chat/completions")
+        assert len(prefills) == 1 and prefills[0].json["kv_transfer_params"]["remote_port"] == d2.port
+        assert await wait_for(lambda: all(e.inflight == 0 for e in gw.table.endpoints.values()))
+        assert gw.coord.path.pending == {}
+    finally:
+        for t in late:
+            t.cancel()
+        await gw.stop()
+        for fb in (p, d1, d2):
+            await fb.stop()

@@ -15,7 +15,10 @@
 5. D failing before its answer's head (connection refused or reset), or leaving the
    routable set then (evicted: :meth:`PdPath.send`), moves the leg to another D: the
    prefills the first D asked for are cancelled (their callbacks answered 502) and the new
-   D's callbacks run new ones (:meth:`DecodeFirst.decode_moved`).
+   D's callbacks run new ones (:meth:`DecodeFirst.decode_moved`). The new D gets its own
+   ``X-Request-Id`` (``<id>.d<n>``, so its callbacks' ``request_id`` too): a callback of
+   the D that left, arriving late, names no waiting request and is answered 404, where it
+   was taken for the new D's and its prefill pushed the KV to the D that left.
 
 With ``pd.joint.enabled`` the pair is chosen at once (:meth:`PdPath.plan`: D's leg and
 then P's callback take the chosen instances when they still have room); a request planned
@@ -50,13 +53,26 @@ logger = logging.getLogger(__name__)
 METASERVER_PATH = "/v1/metaserver"
 
 
+def engine_rid(ctx: Ctx) -> bytes:
+    """The ``X-Request-Id`` the request's legs are sent (``ctx.fwd``; the client's id, or
+    ``<id>.d<n>`` once the decode leg moved)."""
+    for k, v in reversed(ctx.fwd):
+        if k == b"x-request-id":
+            return v
+    return ctx.rid
+
+
 class _Pending:
     """One awaited callback (one child of a request)."""
 
-    __slots__ = ("ctx", "body", "failed", "p_answer", "p_task", "called")
+    __slots__ = ("ctx", "cid", "body", "failed", "p_answer", "p_task", "called", "moves")
 
-    def __init__(self, ctx: Ctx, body: dict[str, Any]) -> None:
+    def __init__(self, ctx: Ctx, cid: str, body: dict[str, Any]) -> None:
         self.ctx = ctx
+        #: the callback's ``request_id`` this child waits for (its key in ``pending``)
+        self.cid = cid
+        #: how many times the decode leg moved to another D
+        self.moves = 0
         self.body = body
         self.failed: asyncio.Future[LegFailed] = asyncio.get_running_loop().create_future()
         self.p_answer: dict[str, Any] | None = None
@@ -83,8 +99,10 @@ class DecodeFirst(PdPath):
         """D's connector calls back on ``POST /v1/metaserver``."""
         return [("POST", METASERVER_PATH, self.on_metaserver)]
 
-    def child_ids(self, ctx: Ctx) -> list[tuple[str, dict[str, Any]]]:
-        rid = ctx.rid.decode("latin-1")
+    def child_ids(self, ctx: Ctx, engine_rid: bytes) -> list[tuple[str, dict[str, Any]]]:
+        """Each child's callback ``request_id`` (vLLM's, from the ``X-Request-Id``
+        ``engine_rid`` D was sent) and its body."""
+        rid = engine_rid.decode("latin-1")
         if ctx.chat:
             return [(f"chatcmpl-{rid}", ctx.body)]
         p = ctx.body.get("prompt")
@@ -97,20 +115,20 @@ class DecodeFirst(PdPath):
         if plan is not None and plan.local:
             await self.serve_local(ctx, ctx.body)   # conditional disaggregation: D alone
             return
-        children = self.child_ids(ctx)
-        pend = {cid: _Pending(ctx, b) for cid, b in children}
-        for cid in pend:
-            if cid in self.pending:
-                raise LegFailed(409, f"a request with id {cid} is already in flight; "
+        children = self.child_ids(ctx, engine_rid(ctx))
+        pend = [_Pending(ctx, cid, b) for cid, b in children]
+        for p in pend:
+            if p.cid in self.pending:
+                raise LegFailed(409, f"a request with id {p.cid} is already in flight; "
                                      f"X-Request-Id must be unique")
-        self.pending.update(pend)
+        self.pending.update((p.cid, p) for p in pend)
         d_body = dict(ctx.body)
         d_body["kv_transfer_params"] = {"do_remote_decode": False, "do_remote_prefill": True,
                                         "metaserver": self.metaserver_url}
         t_decode = time.perf_counter()
         d_task = asyncio.ensure_future(self.open_decode(ctx, orjson.dumps(d_body), set(),
                                                         retry=True))
-        fails = [p.failed for p in pend.values()]
+        fails = [p.failed for p in pend]
         try:
             waiters: set[asyncio.Future[Any]] = {d_task, *fails}
             done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -120,14 +138,14 @@ class DecodeFirst(PdPath):
             ep, up, lease = d_task.result()
             with lease:
                 try:
-                    p_answer = next((p.p_answer for p in pend.values() if p.p_answer), None)
+                    p_answer = next((p.p_answer for p in pend if p.p_answer), None)
                     await self.answer_decode(ctx, ep, up, p_answer, t_decode)
                 finally:
                     up.close()
         finally:
-            for cid, p in pend.items():
-                if self.pending.get(cid) is p:
-                    del self.pending[cid]
+            for p in pend:
+                if self.pending.get(p.cid) is p:
+                    del self.pending[p.cid]
                 if p.p_task is not None and not p.p_task.done():
                     p.p_task.cancel()
             await self.end_legs(d_task)
@@ -136,17 +154,37 @@ class DecodeFirst(PdPath):
     def decode_moved(self, ctx: Ctx) -> None:
         """The decode leg goes to another D (a retry: the last one failed or left before its
         answer's head). A prefill the last D asked for pushes its KV to that D, so it is
-        cancelled and the child waits for the new D's metaserver call, which runs a new one
-        (without this the call was answered 404 and the new D failed the request)."""
-        for cid, _ in self.child_ids(ctx):
-            p = self.pending.get(cid)
-            if p is None or p.ctx is not ctx or not p.called:
-                continue
+        cancelled, and the child waits for the new D's metaserver call, which runs a new one
+        (without this the call was answered 404 and the new D failed the request).
+
+        The new D is sent its own ``X-Request-Id``, ``<client id>.d<moves>`` (``ctx.fwd``),
+        and the children wait under the ids its callbacks will carry: a late callback of
+        the D that left names none of them and is answered 404 (it was taken for the new
+        D's, its prefill pushed the KV to the D that left, and the new D's own call got a
+        404)."""
+        moving = [(i, p) for i, (cid, _) in enumerate(self.child_ids(ctx, engine_rid(ctx)))
+                  if (p := self.pending.get(cid)) is not None and p.ctx is ctx]
+        if not moving:
+            return
+        moves = moving[0][1].moves
+        while True:         # an id no other request waits under (a client may send any id)
+            moves += 1
+            new = b"%s.d%d" % (ctx.rid, moves)
+            new_ids = self.child_ids(ctx, new)
+            if not any(cid in self.pending for cid, _ in new_ids):
+                break
+        for _, p in moving:
             if p.p_task is not None:
                 p.p_task.cancel()
             p.called = False
             p.p_task = None
             p.p_answer = None
+            del self.pending[p.cid]
+        for i, p in moving:
+            p.cid = new_ids[i][0]
+            p.moves = moves
+            self.pending[p.cid] = p
+        ctx.fwd = [(k, new) if k == b"x-request-id" else (k, v) for k, v in ctx.fwd]
 
     async def on_metaserver(self, req: Request, resp: Response) -> None:
         """D's connector calls back: run P for that child, answer when it is done."""
