@@ -27,6 +27,8 @@ cdef enum:
     RADIX_STORE_AHEAD = 32         # store, remove: blocks looked up before their nodes change
     RADIX_SHRINK_BUDGET = 65536    # work units of one step of halving the pool (~0.1 ms)
     RADIX_SHRINK_MOVE = 64         # units of moving one node (an id looked at: 1)
+    RADIX_SHRINK_RELEASE = 8       # units of giving one node's memory back
+    RADIX_POP_FILTER = 64          # free ids a pop may filter while the pool halves
 
 
 cdef struct RadixSlot:
@@ -66,9 +68,11 @@ cdef class PrefixIndex:
     cdef uint32_t _lru_tail
     cdef uint32_t *_free_ids         # stack of free ids below _fresh (ids at or above
     cdef uint32_t _n_free            # _shrink_to excluded while the pool halves)
+    cdef uint32_t _free_f            # while halving: [0, _free_f) of the stack is unfiltered
     cdef uint32_t _shrink_to         # 0, or the capacity the pool is halving to
-    cdef uint32_t _shrink_at         # phase 1: ids below it are left to move; phase 2: hints
-    cdef int _shrink_phase           # 0 none, 1 moving nodes down, 2 clearing hints
+    cdef uint32_t _shrink_at         # phase 2: ids below it are left to move; 3: hints
+    cdef int _shrink_phase           # 0 none, 1 filtering free ids, 2 moving nodes down,
+                                     # 3 clearing hints, 4 giving memory back
     cdef public int64_t _shrink_budget  # work units a step (tests set it small)
 
     cdef int64_t *_inst_blocks       # holdings per instance
@@ -100,6 +104,8 @@ cdef class PrefixIndex:
     cdef int64_t _drop_node_holdings(self, uint32_t node) noexcept nogil
     cdef int _maybe_shrink(self) except -1
     cdef void _shrink_cancel(self) noexcept nogil
+    cdef int64_t _filter_free(self, int64_t budget) noexcept nogil
+    cdef uint32_t _pop_free(self) noexcept nogil
     cdef void _move_node(self, uint32_t src, uint32_t dst) noexcept nogil
     cdef int _debug_check(self) except -1
     cdef Py_ssize_t _match_one_word(self, const uint64_t *hashes, Py_ssize_t n,

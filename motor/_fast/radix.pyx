@@ -248,6 +248,7 @@ cdef class PrefixIndex:
         self._node_cap = 0
         self._fresh = 0
         self._n_free = 0
+        self._free_f = 0
         self._shrink_to = 0
         self._shrink_at = 0
         self._shrink_phase = 0
@@ -382,6 +383,7 @@ cdef class PrefixIndex:
         self._node_cap = 0
         self._fresh = 0
         self._n_free = 0
+        self._free_f = 0
         self._shrink_to = 0
         self._shrink_phase = 0
 
@@ -455,12 +457,11 @@ cdef class PrefixIndex:
             if t.slots[i].key == key:
                 return t.slots[i].node
             i = (i + 1) & t.mask
-        if self._n_free == 0 and self._shrink_to and self._fresh >= self._shrink_to:
-            self._shrink_cancel()       # no id left below the shrink's capacity
-        if self._n_free:
-            self._n_free -= 1
-            node = self._free_ids[self._n_free]
-        else:
+        node = self._pop_free()
+        if node == RADIX_NO_NODE and self._shrink_to and self._fresh >= self._shrink_to:
+            self._shrink_cancel()       # no id left below the halving's capacity
+            node = self._pop_free()
+        if node == RADIX_NO_NODE:
             if self._fresh == self._node_cap:
                 self._grow_nodes()
             node = self._fresh
@@ -507,53 +508,58 @@ cdef class PrefixIndex:
         return removed
 
     cdef int _maybe_shrink(self) except -1:
-        """One bounded step (``_shrink_budget`` units, RADIX_SHRINK_BUDGET unless a test
-        sets it) of halving the node pool, which
-        starts when it is below a quarter full (floor RADIX_INITIAL_NODES). A halving to
-        ``c``: the free ids at or above ``c`` are dropped (one pass over the free ids);
-        phase 1 moves the live nodes at or above ``c`` to free ids below it, from the top
-        down (a move costs RADIX_SHRINK_MOVE units, an id looked at 1); phase 2 clears the
-        child hints that point at or above ``c``; then the arrays shrink in place. Between
-        steps the index works as always: new nodes take ids below ``c``, and a node freed at
-        or above it is not reused. A small index halves to its floor within one step."""
+        """One bounded step (``_shrink_budget`` work units, RADIX_SHRINK_BUDGET unless a test
+        sets it: about 0.1 ms) of halving the node pool, which starts when it is below a
+        quarter full (floor RADIX_INITIAL_NODES). A halving to ``c``, phase by phase:
+
+        1. the free-id stack is filtered from the top of its unfiltered part down: ids
+           below ``c`` stay, the others are dropped (1 unit an id);
+        2. the live nodes at or above ``c`` move to free ids below it, from the top down
+           (RADIX_SHRINK_MOVE units a move, 1 an id looked at);
+        3. the child hints that point at or above ``c`` are cleared (1 unit an id);
+        4. the arrays shrink in place, RADIX_SHRINK_RELEASE units a node given back.
+
+        Between steps the index works as always: new nodes take ids below ``c`` and a
+        node freed at or above it is not reused. A small index halves within one step."""
         cdef int64_t budget = self._shrink_budget
-        cdef uint32_t node, dst, target, end, i, k, kept
+        cdef uint32_t node, dst, target, end, i
+        cdef uint64_t cap
         while budget > 0:
             if self._shrink_phase == 0:
                 if not (self._node_cap > RADIX_INITIAL_NODES
                         and <uint64_t>self.n_nodes * 4 < self._node_cap):
                     return 0
-                target = self._node_cap // 2
-                kept = 0
-                for k in range(self._n_free):
-                    i = self._free_ids[k]
-                    if i < target:
-                        self._free_ids[kept] = i
-                        kept += 1
-                budget -= self._n_free
-                self._n_free = kept
-                self._shrink_to = target
-                self._shrink_at = self._fresh if self._fresh > target else target
+                self._shrink_to = self._node_cap // 2
+                self._free_f = self._n_free        # the whole stack is unfiltered
                 self._shrink_phase = 1
             target = self._shrink_to
             if self._shrink_phase == 1:
+                budget -= self._filter_free(budget)
+                if self._free_f > 0:
+                    return 0
+                self._shrink_at = self._fresh if self._fresh > target else target
+                self._shrink_phase = 2
+            if self._shrink_phase == 2:
                 while self._shrink_at > target and budget > 0:
                     self._shrink_at -= 1
                     node = self._shrink_at
                     budget -= 1
                     if self._keys[node] != 0:
-                        if self._n_free == 0:       # cannot happen: n_nodes < target / 2
+                        dst = self._pop_free()
+                        if dst == RADIX_NO_NODE:    # the index filled again meanwhile
                             self._shrink_cancel()
                             return 0
-                        self._n_free -= 1
-                        dst = self._free_ids[self._n_free]
                         self._move_node(node, dst)
                         budget -= RADIX_SHRINK_MOVE
                 if self._shrink_at > target:
                     return 0
-                self._shrink_phase = 2
+                if self._fresh > target:            # no live or free id is left above
+                    self._fresh = target
                 self._shrink_at = 0
-            if self._shrink_phase == 2:
+                self._shrink_phase = 3
+            if self._shrink_phase == 3:
+                if budget <= 0:
+                    return 0
                 end = target
                 if <int64_t>(end - self._shrink_at) > budget:
                     end = self._shrink_at + <uint32_t>budget
@@ -564,19 +570,54 @@ cdef class PrefixIndex:
                 self._shrink_at = end
                 if end < target:
                     return 0
-                self._resize_nodes(target)
-                if self._fresh > target:
-                    self._fresh = target
+                self._shrink_phase = 4
+            if self._shrink_phase == 4:
+                if budget <= 0:
+                    return 0
+                cap = self._node_cap - target
+                if <int64_t>cap * RADIX_SHRINK_RELEASE > budget:
+                    cap = <uint64_t>(budget // RADIX_SHRINK_RELEASE) + 1
+                self._resize_nodes(self._node_cap - cap)
+                budget -= <int64_t>cap * RADIX_SHRINK_RELEASE
+                if self._node_cap > target:
+                    return 0
                 self._shrink_to = 0
                 self._shrink_phase = 0
                 self._debug_rebuilds += 1
         return 0
+
+    cdef int64_t _filter_free(self, int64_t budget) noexcept nogil:
+        """Filter up to ``budget`` ids of the free-id stack's unfiltered bottom part
+        ``[0, _free_f)``, from its top down: an id below ``_shrink_to`` joins the filtered
+        top part ``[_free_f, _n_free)``, another is dropped (the filtered top's last id takes
+        its place). Returns the ids looked at."""
+        cdef int64_t done = 0
+        cdef uint32_t k
+        while self._free_f > 0 and done < budget:
+            done += 1
+            k = self._free_f - 1
+            if self._free_ids[k] >= self._shrink_to:
+                self._n_free -= 1
+                self._free_ids[k] = self._free_ids[self._n_free]
+            self._free_f = k
+        return done
+
+    cdef uint32_t _pop_free(self) noexcept nogil:
+        """A free id (while the pool halves: one below its new capacity, filtering up to
+        RADIX_POP_FILTER more ids of the stack for it), or RADIX_NO_NODE."""
+        if self._n_free == self._free_f and self._free_f > 0:
+            self._filter_free(RADIX_POP_FILTER)
+        if self._n_free == self._free_f:
+            return RADIX_NO_NODE
+        self._n_free -= 1
+        return self._free_ids[self._n_free]
 
     cdef void _shrink_cancel(self) noexcept nogil:
         """Give a halving up (the index filled again): every free id below ``_fresh`` is
         free again, the dropped ones too. O(ids used), once."""
         cdef uint32_t i
         self._n_free = 0
+        self._free_f = 0
         i = self._fresh
         while i > 0:
             i -= 1
@@ -1317,10 +1358,11 @@ cdef class PrefixIndex:
             node = self._free_ids[k]
             if node >= self._fresh or self._keys[node] != 0 or node in seen:
                 raise AssertionError(f"free id {node} is fresh, has a hash or is listed twice")
-            if self._shrink_to and node >= self._shrink_to:
-                raise AssertionError(f"free id {node} at or above the shrink's capacity")
+            if self._shrink_to and node >= self._shrink_to and k >= self._free_f:
+                raise AssertionError(f"free id {node} at or above the halving's capacity in "
+                                     f"the filtered part of the stack")
             seen.add(node)
-        for k in range(self._node_cap):
+        for k in range(min(self._fresh, self._node_cap)):
             if self._hint[k] != RADIX_NO_NODE and self._hint[k] >= self._node_cap:
                 raise AssertionError(f"node {k}'s hint {self._hint[k]} is past the capacity")
         free_nodes = 0

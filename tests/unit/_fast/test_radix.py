@@ -233,7 +233,19 @@ def test_a_match_reads_the_words_of_instances_stored_after_it():
     assert ix.match(q)[250].tolist() == [0, 0, 0]
 
 
+def settle(ix) -> int:
+    """Calls that change nothing until no halving of the node pool is under way or due
+    (each call is one bounded step of it); returns how many were needed."""
+    for n in range(10_000):
+        if not ix._shrinking and not (ix.node_capacity > 1024 and ix.n_nodes * 4 < ix.node_capacity):
+            return n
+        ix.remove(0, DEV, [1])
+    raise AssertionError("the halvings did not end")
+
+
 def test_memory_returns_to_its_start_after_store_remove_cycles():
+    """Every halving is spread over calls (a bounded step each): a few calls after the
+    last removal the memory is back to its start."""
     ix = radix.PrefixIndex(64)
     start = (ix.memory_bytes, ix.n_nodes, ix.n_blocks, ix.node_capacity)
     chains = [chain(100 + k, 700) for k in range(6)]   # 4200 nodes: forces growth
@@ -246,6 +258,7 @@ def test_memory_returns_to_its_start_after_store_remove_cycles():
         for k, c in enumerate(chains):
             ix.remove(k, k % 3, c)
             ix.remove(k + 10, DEV, c[:100])
+        assert settle(ix) < 10
         assert (ix.memory_bytes, ix.n_nodes, ix.n_blocks, ix.node_capacity) == start
         ix._check_invariants()
     # clear and eviction also give the memory back
@@ -254,6 +267,7 @@ def test_memory_returns_to_its_start_after_store_remove_cycles():
     ix.clear(0)
     ix.evict_older_than(3.0)
     ix.evict_to_cap(0)
+    settle(ix)
     assert (ix.memory_bytes, ix.n_nodes, ix.n_blocks, ix.node_capacity) == start
     assert ix._debug_rebuilds > 1
     assert (ix._debug_checks > 0) if radix.DEBUG else (ix._debug_checks == 0)
@@ -324,7 +338,8 @@ def test_random_operation_sequences_agree_with_the_reference(ops):
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), budget=st.sampled_from([65536, 70, 300]))
+@given(seed=st.integers(0, 2**32 - 1),
+       budget=st.sampled_from([65536, 70, 300, 1, 2, 64, 65, 129]))
 def test_large_random_workload_agrees_with_the_reference(seed, budget):
     """Enough nodes to grow and shrink the tables several times. ``budget``: the work of
     one step of halving the node pool; a small one spreads a halving over many calls, so
@@ -503,3 +518,40 @@ def test_a_halving_of_the_pool_is_spread_over_calls_and_given_up_when_it_fills_a
     for k, c in enumerate(more):
         assert ix.match(c)[20 + k].tolist() == [0, 500, 0]
     ix._check_invariants()
+
+
+@pytest.mark.parametrize("budget", [1, 2, 64, 65, 66, 130])
+def test_a_move_that_uses_up_a_steps_budget_ends_the_step(budget):
+    """The last node moved down by a halving can leave its step with no budget, or less than
+    none: the next phase starts at the next step (it read and wrote hints far past the
+    array, and the process crashed; helper-10's repro)."""
+    ix = radix.PrefixIndex(1)
+    ix._shrink_budget = budget
+    c = list(range(1, 1101))                # one store: c[-1] gets id 0 ... c[0] id 1099
+    ix.store(0, DEV, 0, c)
+    ix.remove(0, DEV, c[200:])              # 200 left: a halving to 1024 starts
+    assert ix._shrinking
+    for _ in range(5000):
+        if not ix._shrinking:
+            break
+        ix.remove(0, DEV, [10**12])         # holds nothing: one step
+        ix._check_invariants()
+    assert not ix._shrinking and ix.node_capacity == 1024
+    assert ix.match(c)[0].tolist() == [200, 0, 0]
+    assert ix.match(c[200:])[0].tolist() == [0, 0, 0] and ix.n_nodes == 200
+
+
+def test_a_node_at_the_new_capacity_moved_at_the_default_budget():
+    """helper-10's repro at the default budget: one remove leaves the node whose id is the
+    new capacity; the step that moves it ends the step's budget."""
+    ix = radix.PrefixIndex(1)
+    full, target = 49152, 32768
+    c = list(range(1, full + 1))            # c[full - 1 - i] gets id i
+    ix.store(0, DEV, 0, c)
+    keep = c[full - 1 - target]
+    ix.remove(0, DEV, [x for x in c if x != keep])
+    ix._check_invariants()
+    while ix._shrinking:
+        ix.remove(0, DEV, [10**12])
+    ix._check_invariants()
+    assert ix.n_nodes == 1 and ix.holders(keep) == [(0, DEV)]
