@@ -529,7 +529,12 @@ cdef class PrefixIndex:
                 if not (self._node_cap > RADIX_INITIAL_NODES
                         and <uint64_t>self.n_nodes * 4 < self._node_cap):
                     return 0
-                self._shrink_to = self._node_cap // 2
+                # the largest power of two below the capacity (its half, unless a halving
+                # given up while giving memory back left it between two), floor 1024
+                target = RADIX_INITIAL_NODES
+                while <uint64_t>target * 2 < self._node_cap:
+                    target *= 2
+                self._shrink_to = target
                 self._free_f = self._n_free        # the whole stack is unfiltered
                 self._shrink_phase = 1
             target = self._shrink_to

@@ -348,6 +348,7 @@ def test_large_random_workload_agrees_with_the_reference(seed, budget):
     rng = np.random.default_rng(seed)
     c_ix, r_ix = radix.PrefixIndex(40), ref.PrefixIndex(40)
     c_ix._shrink_budget = budget
+    start = c_ix.memory_bytes
     chains = [chain(int(s), int(n)) for s, n in zip(rng.integers(0, 10**9, 12),
                                                     rng.integers(50, 400, 12))]
     for step in range(60):
@@ -377,6 +378,11 @@ def test_large_random_workload_agrees_with_the_reference(seed, budget):
     for c in chains:
         assert m(c_ix, c).tolist() == r_ix.match(c)
     c_ix._check_invariants()
+    for inst in range(40):      # emptied, the index gives all its memory back
+        c_ix.clear(inst)
+    settle(c_ix)
+    c_ix._check_invariants()
+    assert (c_ix.memory_bytes, c_ix.node_capacity) == (start, 1024)
 
 
 @pytest.mark.parametrize("slots", [64, 256], ids=["one-word", "first-of-four-words"])
@@ -555,3 +561,30 @@ def test_a_node_at_the_new_capacity_moved_at_the_default_budget():
         ix.remove(0, DEV, [10**12])
     ix._check_invariants()
     assert ix.n_nodes == 1 and ix.holders(keep) == [(0, DEV)]
+
+
+def test_a_halving_given_up_while_giving_memory_back_still_ends_at_the_floor():
+    """A halving given up halfway through giving its tail back leaves a capacity between
+    two powers of two; the next halvings still end at 1024 nodes and the memory at its
+    start (a halving to half of such a capacity went below the floor)."""
+    ix = radix.PrefixIndex(1)
+    ix._shrink_budget = 300
+    start = ix.memory_bytes
+    c = list(range(1, 3001))
+    ix.store(0, DEV, 0, c)
+    assert ix.node_capacity == 4096
+    ix.remove(0, DEV, c[500:])                  # 500 left: a halving to 2048
+    for _ in range(10_000):
+        if 2048 < ix.node_capacity < 4096:      # giving its tail back
+            break
+        ix.remove(0, DEV, [10**12])
+    assert ix._shrinking and 2048 < ix.node_capacity < 4096
+    more = list(range(10_001, 12_001))          # more nodes than free ids below 2048
+    ix.store(0, HOST, 0, more)
+    assert not ix._shrinking and ix.node_capacity & (ix.node_capacity - 1)
+    ix._check_invariants()
+    assert ix.match(more)[0].tolist() == [0, 2000, 0]
+    ix.clear(0)
+    settle(ix)
+    ix._check_invariants()
+    assert (ix.memory_bytes, ix.node_capacity) == (start, 1024)
