@@ -208,6 +208,7 @@ async def test_e_a_late_metaserver_call_of_the_decode_that_left_is_not_taken_for
     d1_asked = asyncio.Event()
     d1_may_call = asyncio.Event()
     d1_answered = asyncio.Event()
+    d2_got, d2_go = asyncio.Event(), asyncio.Event()
     calls: list[tuple[str, str, int]] = []          # (who, request_id, status)
     late: list[asyncio.Future[None]] = []
 
@@ -236,6 +237,8 @@ async def test_e_a_late_metaserver_call_of_the_decode_that_left_is_not_taken_for
         await asyncio.sleep(30)                     # never answers
 
     async def d2_behave(fb: FB, req: Any, resp: Any, e: Any) -> None:
+        d2_got.set()
+        await d2_go.wait()
         d1_may_call.set()
         await d1_answered.wait()                    # D1's late call first
         if await call_back("D2", e, fb.port) != 200:
@@ -259,6 +262,15 @@ async def test_e_a_late_metaserver_call_of_the_decode_that_left_is_not_taken_for
         await asyncio.wait_for(d1_asked.wait(), 5)
         gw.table.set_ready(ep_of[d2.port], True, "test: back")
         gw.table.set_ready(ep_of[d1.port], False, "test: D1 leaves")
+        await asyncio.wait_for(d2_got.wait(), 5)
+        # the moved request still holds its first id: a request that reuses it is refused,
+        # and so is one whose own id is the one motor gave the moved leg
+        for rid, note in (("b09e", b"must be unique"), ("b09e.d1", b"motor's id for")):
+            st, _, got = await http(gw.port, "POST", "/v1/chat/completions", orjson.dumps(
+                {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                 "max_tokens": 4}), headers={"x-request-id": rid}, timeout=5)
+            assert st == 409 and note in got, (rid, st, got)
+        d2_go.set()
         st, hdrs, got = await asyncio.wait_for(req, 8)
         assert st == 200, got
         assert orjson.loads(got)["usage"]["completion_tokens"] == 4

@@ -65,12 +65,17 @@ def engine_rid(ctx: Ctx) -> bytes:
 class _Pending:
     """One awaited callback (one child of a request)."""
 
-    __slots__ = ("ctx", "cid", "body", "failed", "p_answer", "p_task", "called", "moves")
+    __slots__ = ("ctx", "cid", "old", "body", "failed", "p_answer", "p_task", "called",
+                 "moves")
 
     def __init__(self, ctx: Ctx, cid: str, body: dict[str, Any]) -> None:
         self.ctx = ctx
         #: the callback's ``request_id`` this child waits for (its key in ``pending``)
         self.cid = cid
+        #: the ids it waited under before its decode leg moved: kept in ``pending`` until
+        #: the request ends, so that their late callbacks are answered 404 and a request
+        #: that reuses one is refused (409)
+        self.old: list[str] = []
         #: how many times the decode leg moved to another D
         self.moves = 0
         self.body = body
@@ -118,8 +123,12 @@ class DecodeFirst(PdPath):
         children = self.child_ids(ctx, engine_rid(ctx))
         pend = [_Pending(ctx, cid, b) for cid, b in children]
         for p in pend:
-            if p.cid in self.pending:
-                raise LegFailed(409, f"a request with id {p.cid} is already in flight; "
+            other = self.pending.get(p.cid)
+            if other is not None:
+                made = "" if other.ctx.rid == ctx.rid else \
+                    f" (motor's id for the decode instance request " \
+                    f"{other.ctx.rid.decode('latin-1')!r} moved to)"
+                raise LegFailed(409, f"a request with id {p.cid} is already in flight{made}; "
                                      f"X-Request-Id must be unique")
         self.pending.update((p.cid, p) for p in pend)
         d_body = dict(ctx.body)
@@ -144,8 +153,9 @@ class DecodeFirst(PdPath):
                     up.close()
         finally:
             for p in pend:
-                if self.pending.get(p.cid) is p:
-                    del self.pending[p.cid]
+                for cid in (p.cid, *p.old):
+                    if self.pending.get(cid) is p:
+                        del self.pending[cid]
                 if p.p_task is not None and not p.p_task.done():
                     p.p_task.cancel()
             await self.end_legs(d_task)
@@ -159,7 +169,7 @@ class DecodeFirst(PdPath):
 
         The new D is sent its own ``X-Request-Id``, ``<client id>.d<moves>`` (``ctx.fwd``),
         and the children wait under the ids its callbacks will carry: a late callback of
-        the D that left names none of them and is answered 404 (it was taken for the new
+        the D that left names an id kept until the request ends and is answered 404 (it was taken for the new
         D's, its prefill pushed the KV to the D that left, and the new D's own call got a
         404)."""
         moving = [(i, p) for i, (cid, _) in enumerate(self.child_ids(ctx, engine_rid(ctx)))
@@ -179,8 +189,8 @@ class DecodeFirst(PdPath):
             p.called = False
             p.p_task = None
             p.p_answer = None
-            del self.pending[p.cid]
         for i, p in moving:
+            p.old.append(p.cid)         # stays in pending: a late call of it gets 404
             p.cid = new_ids[i][0]
             p.moves = moves
             self.pending[p.cid] = p
@@ -195,8 +205,10 @@ class DecodeFirst(PdPath):
             return
         rid = params.get("request_id") if isinstance(params, dict) else None
         p = self.pending.get(rid) if isinstance(rid, str) else None
-        if p is None or p.called:
-            resp.send(404, error_body(404, f"no request waits for a prefill as {rid!r}"))
+        if p is None or p.called or p.cid != rid:
+            why = "" if p is None or p.cid == rid else \
+                " (the call of a decode instance the request moved away from)"
+            resp.send(404, error_body(404, f"no request waits for a prefill as {rid!r}{why}"))
             return
         p.called = True
         ctx = p.ctx
