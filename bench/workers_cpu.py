@@ -1,14 +1,14 @@
 """CPU per request of a coordinator with 1 and with 2 workers, natively, under wrk.
 
 Not a pytest suite: a command (issue 13 item 4). Two fast fake backends
-(``bench/fast_backend.py``) and, for every repetition and every worker count
-(interleaved, the order alternating), a fresh ``motor coordinator --workers N`` (round
-robin), a warm-up, then ``wrk -t2 -c64`` (``--connections``) for ``--duration`` seconds of 1 KB chat requests
-(``max_tokens`` 16; stream: 16 SSE events). Per run, from /proc, for the coordinator's
-whole process tree (supervisor, feed, workers; one process with 1 worker) and for the
-backends and wrk: user and system CPU per request, and voluntary / involuntary context
-switches per request. Medians over the repetitions are printed last, and the ratio of
-2 workers to 1.
+(``bench/fast_backend.py``) and, for every repetition and every worker count (interleaved,
+the order alternating), a fresh ``motor coordinator --workers N`` (round robin), a
+warm-up, then ``wrk -t2 -c64`` (``--connections``) for ``--duration`` seconds of 1 KB chat
+requests (``max_tokens`` 16; stream: 16 SSE events). Per run, from /proc, for the
+coordinator's whole process tree (supervisor, feed, workers; one process with 1 worker)
+and for the backends and wrk: user and system CPU per request, and voluntary / involuntary
+context switches per request. Medians over the repetitions are printed last, and the ratio
+of 2 workers to 1.
 
 The machine is shared: ``rest_cores`` is what the machine was busy with beyond the
 coordinator and the backends (wrk itself, ~0.3-0.5 cores, and anything foreign) during

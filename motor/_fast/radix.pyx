@@ -852,8 +852,9 @@ cdef class PrefixIndex:
             bit = (<uint64_t>1) << (instance & 63)
             for k in range(n):
                 # Looked up RADIX_STORE_AHEAD blocks at a time (home slots prefetched first),
-                # their masks prefetched: the misses overlap. Ids stay (a free moves no other node); a node freed since
-                # its lookup (its hash given twice in this call) no longer has its hash.
+                # their masks prefetched: the misses overlap. Ids stay (a free moves no
+                # other node); a node freed since its lookup (its hash given twice in this
+                # call) no longer has its hash.
                 j = k % RADIX_STORE_AHEAD
                 if j == 0:
                     for kk in range(min(RADIX_STORE_AHEAD, n - k)):

@@ -277,7 +277,8 @@ async def test_e_a_late_metaserver_call_of_the_decode_that_left_is_not_taken_for
         assert hdrs["x-request-id"] == "b09e"            # the client's id, whatever D2 was sent
         assert calls == [("D1", "chatcmpl-b09e", 404), ("D2", "chatcmpl-b09e.d1", 200)], calls
         prefills = p.gen("/v1/chat/completions")
-        assert len(prefills) == 1 and prefills[0].json["kv_transfer_params"]["remote_port"] == d2.port
+        assert len(prefills) == 1
+        assert prefills[0].json["kv_transfer_params"]["remote_port"] == d2.port
         assert await wait_for(lambda: all(e.inflight == 0 for e in gw.table.endpoints.values()))
         assert gw.coord.path.pending == {}
     finally:

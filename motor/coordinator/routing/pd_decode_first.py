@@ -17,8 +17,9 @@
    prefills the first D asked for are cancelled (their callbacks answered 502) and the new
    D's callbacks run new ones (:meth:`DecodeFirst.decode_moved`). The new D gets its own
    ``X-Request-Id`` (``<id>.d<n>``, so its callbacks' ``request_id`` too): a callback of
-   the D that left, arriving late, names no waiting request and is answered 404, where it
-   was taken for the new D's and its prefill pushed the KV to the D that left.
+   the D that left, arriving late, names an id the request no longer waits under and is
+   answered 404, where it was taken for the new D's and its prefill pushed the KV to the
+   D that left.
 
 With ``pd.joint.enabled`` the pair is chosen at once (:meth:`PdPath.plan`: D's leg and
 then P's callback take the chosen instances when they still have room); a request planned
@@ -168,10 +169,11 @@ class DecodeFirst(PdPath):
         (without this the call was answered 404 and the new D failed the request).
 
         The new D is sent its own ``X-Request-Id``, ``<client id>.d<moves>`` (``ctx.fwd``),
-        and the children wait under the ids its callbacks will carry: a late callback of
-        the D that left names an id kept until the request ends and is answered 404 (it was taken for the new
-        D's, its prefill pushed the KV to the D that left, and the new D's own call got a
-        404)."""
+        and the children wait under the ids its callbacks will carry. The ids they waited
+        under stay in ``pending`` until the request ends: a late callback of the D that
+        left is answered 404 (it was taken for the new D's, its prefill pushed the KV to
+        the D that left, and the new D's own call got a 404), and a request reusing one
+        is refused (409)."""
         moving = [(i, p) for i, (cid, _) in enumerate(self.child_ids(ctx, engine_rid(ctx)))
                   if (p := self.pending.get(cid)) is not None and p.ctx is ctx]
         if not moving:

@@ -237,7 +237,8 @@ def settle(ix) -> int:
     """Calls that change nothing until no halving of the node pool is under way or due
     (each call is one bounded step of it); returns how many were needed."""
     for n in range(10_000):
-        if not ix._shrinking and not (ix.node_capacity > 1024 and ix.n_nodes * 4 < ix.node_capacity):
+        due = ix.node_capacity > 1024 and ix.n_nodes * 4 < ix.node_capacity
+        if not ix._shrinking and not due:
             return n
         ix.remove(0, DEV, [1])
     raise AssertionError("the halvings did not end")
