@@ -502,14 +502,15 @@ def test_a_halving_of_the_pool_is_spread_over_calls_and_given_up_when_it_fills_a
     ix.evict_to_cap(1500)                     # below a quarter: the halving to 4,096 starts
     assert ix._shrinking and ix.node_capacity == 8192
     held = {k: c for k, c in enumerate(chains) if ix.match(c)[k].sum()}
-    assert sum(int(ix.match(c)[k].sum()) for k, c in held.items()) == 1500
+    runs = {k: int(ix.match(c)[k].sum()) for k, c in held.items()}
+    assert sum(runs.values()) == 1500
     steps = 0
     while ix._shrinking:
         ix.evict_to_cap(1500)                 # evicts nothing; one more step
         steps += 1
         ix._check_invariants()
-        for k, c in held.items():             # the surviving tails still match whole
-            assert ix.match(c)[k].sum() == ix.match(c)[k].sum() > 0
+        for k, c in held.items():             # the surviving prefixes still match whole
+            assert ix.match(c)[k].sum() == runs[k] > 0
     assert steps > 5 and ix.node_capacity < 8192
     got = {k: int(ix.match(c)[k].sum()) for k, c in held.items()}
     assert sum(got.values()) == 1500 and ix.n_nodes == 1500
