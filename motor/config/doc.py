@@ -37,6 +37,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("coordinator.limits.default, coordinator.limits.keys.<name>", schema.KeyLimitConfig),
     ("coordinator.admission", schema.AdmissionConfig),
     ("coordinator.tracing", schema.TracingConfig),
+    ("coordinator.gc", schema.GcConfig),
     ("nodes[]", schema.NodeConfig),
     ("nodes[].npu", schema.NpuConfig),
     ("nodes[].engines[]", schema.EngineConfig),

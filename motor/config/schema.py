@@ -495,6 +495,21 @@ class FeedConfig(_Strict):
                                   "fell behind, its backlog is replaced by a fresh snapshot")
 
 
+class GcConfig(_Strict):
+    """Python's cyclic garbage collector in each coordinator worker process (docs/coordinator.md,
+    "Garbage collection")."""
+    freeze: bool = Field(
+        True, description="once the worker listens, move every object made at startup (the "
+                          "modules, the config, the routing tables) out of the collector's "
+                          "reach (`gc.freeze()`): a full collection then walks only what "
+                          "requests made")
+    young_threshold: int = Field(
+        10000, ge=0, description="allocations of container objects, net of frees, that start "
+                                 "a young-generation collection (`gc.set_threshold`'s first "
+                                 "value; Python's default is 700); 0 = Python's default "
+                                 "thresholds kept")
+
+
 class TlsServerConfig(_Strict):
     """TLS on the API port (docs/security.md)."""
     cert_file: str = Field(..., min_length=1, description="PEM certificate chain, leaf first")
@@ -693,6 +708,7 @@ class CoordinatorConfig(_Strict):
                     "`MOTOR_WORKER_API_KEY` when null), replacing the client's header; null "
                     "with no `api_keys` = the client's `Authorization` is forwarded as sent")
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    gc: GcConfig = Field(default_factory=GcConfig)
     access_log: bool = Field(
         False, description="one structured log line per inference request at INFO (logger "
                            "`motor.access`: request id, key name, route, model, endpoint, "

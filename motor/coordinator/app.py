@@ -10,6 +10,7 @@ from motor.config.schema import ClusterConfig, CoordinatorConfig
 from motor.coordinator.backends import is_https, parse_backend
 from motor.coordinator.edge import tls_contexts
 from motor.coordinator.endpoints import ControllerWatcher, EndpointTable, StaticBackends
+from motor.coordinator.gctune import tune
 from motor.coordinator.kv.router import KvRouter
 from motor.coordinator.kv.subscriber import KvEventFeed
 from motor.coordinator.policy import make_policy
@@ -35,8 +36,8 @@ async def _housekeeping(coord: Coordinator, cert_reloader: CertReloader | None,
 async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                 controller_url: str | None = None, stop: asyncio.Event | None = None,
                 ready_file: str | None = None, reuse_port: bool = False,
-                worker_index: int = 0, shm: tuple[str, str, str | None] | None = None
-                ) -> None:
+                worker_index: int = 0, shm: tuple[str, str, str | None] | None = None,
+                own_process: bool = False) -> None:
     """Run until ``stop`` is set or SIGTERM/SIGINT; then drain in-flight requests.
 
     ``shm``: (ring prefix, load table name, rate table name or None) of a multi-worker
@@ -128,6 +129,8 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                 c.mode.value, policy.name)
     if cert_reloader is not None or coord.edge.keys is not None:
         tasks.append(asyncio.ensure_future(_housekeeping(coord, cert_reloader, c)))
+    if own_process:
+        tune(c.gc)
     if ready_file:
         with open(ready_file, "w") as f:
             f.write(str(port))

@@ -93,7 +93,7 @@ def run(cfg: ClusterConfig, backends: list[str] | None = None,
     from motor.http.server import install_uvloop
     install_uvloop()
     asyncio.run(serve(cfg, backends, controller_url,
-                      ready_file=os.environ.get("MOTOR_READY_FILE")))
+                      ready_file=os.environ.get("MOTOR_READY_FILE"), own_process=True))
     return 0
 
 

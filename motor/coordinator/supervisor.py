@@ -56,7 +56,7 @@ def _worker_main(cfg_json: str, backends: list[str] | None, controller_url: str 
     cfg = ClusterConfig.model_validate_json(cfg_json)
     install_uvloop()
     asyncio.run(serve(cfg, backends, controller_url, reuse_port=True, worker_index=index,
-                      shm=shm))
+                      shm=shm, own_process=True))
 
 
 def static_keys(cfg: ClusterConfig, backends: list[str]) -> list[tuple[str, str | None, str]]:

@@ -1,0 +1,94 @@
+"""``coordinator.gc``: a worker process freezes what startup made and raises the young
+generation's threshold; a coordinator run inside another program leaves its collector alone."""
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from motor.config.schema import ClusterConfig, GcConfig
+from motor.coordinator.app import serve
+from tests.support.procs import free_ports, spawn, stop, wait_http
+
+PROBE = """
+import gc, json, sys
+from motor.config.schema import GcConfig
+from motor.coordinator.gctune import tune
+before = gc.get_threshold()
+out = tune(GcConfig.model_validate(json.loads(sys.argv[1])))
+print(json.dumps({"before": before, "returned": out, "now": gc.get_threshold(),
+                  "frozen": gc.get_freeze_count()}))
+"""
+
+
+def probe(cfg: dict[str, object]) -> dict[str, list[int] | int]:
+    """tune(cfg) in a fresh interpreter: thresholds before and after, objects frozen."""
+    r = subprocess.run([sys.executable, "-c", PROBE, json.dumps(cfg)], capture_output=True,
+                       text=True, timeout=60, check=True)
+    return json.loads(r.stdout)
+
+
+def test_defaults_freeze_and_raise_the_young_threshold():
+    out = probe({})
+    assert out["before"] == [700, 10, 10]
+    assert out["now"] == out["returned"] == [GcConfig().young_threshold, 10, 10] == [10000, 10, 10]
+    assert out["frozen"] > 1000     # the interpreter's and motor's modules at least
+
+
+def test_zero_threshold_and_no_freeze_leave_the_collector_as_it_was():
+    out = probe({"freeze": False, "young_threshold": 0})
+    assert out["now"] == out["before"] == [700, 10, 10]
+    assert out["frozen"] == 0
+
+
+def test_bad_threshold_is_a_config_error():
+    with pytest.raises(ValueError, match="young_threshold"):
+        ClusterConfig.model_validate({"coordinator": {"gc": {"young_threshold": -1}}})
+
+
+def test_serve_inside_another_program_leaves_its_collector_alone():
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    cfg = ClusterConfig.model_validate({"coordinator": {"port": free_ports(1)[0],
+                                                        "gc": {"young_threshold": 4321}}})
+
+    async def run() -> None:
+        stop_ev = asyncio.Event()
+        task = asyncio.ensure_future(serve(cfg, ["http://127.0.0.1:9"], stop=stop_ev))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        stop_ev.set()
+        await task
+
+    asyncio.run(run())
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == frozen
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_processes_apply_it(tmp_path, workers):
+    gw, = free_ports(1)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("coordinator: {gc: {young_threshold: 4321}}\n")
+    log = tmp_path / "coord.log"
+    p = spawn(["--log-level", "debug", "coordinator", "-c", str(cfg), "--port", str(gw),
+               "--workers", str(workers), "--backend", "http://127.0.0.1:9"], str(log))
+    try:
+        wait_http(f"http://127.0.0.1:{gw}/liveness")
+        lines: list[str] = []
+        for _ in range(100):
+            lines = [ln for ln in log.read_text().splitlines() if "gc: thresholds" in ln]
+            if len(lines) == workers:
+                break
+            time.sleep(0.1)
+        assert len(lines) == workers, log.read_text()
+        for ln in lines:
+            assert "thresholds (4321, 10, 10)" in ln
+            frozen = int(ln.split("thresholds (4321, 10, 10), ")[1].split()[0])
+            assert frozen > 1000
+    finally:
+        stop(p)
