@@ -121,6 +121,8 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                         send_timeout_s=c.send_timeout_s)
     server.expect_check = coord.expect_check
     server.on_handler_error = coord.handler_failed
+    if own_process:
+        tune(c.gc)      # before it listens: its one full collection delays no request
     port = await server.listen(c.host, c.port, reuse_port=reuse_port, tls=server_tls)
     mode = f"standalone, {len(backends)} backend(s)" if backends else \
         f"following controller {controller_url or ', '.join(cfg.controller.urls)}"
@@ -129,8 +131,6 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                 c.mode.value, policy.name)
     if cert_reloader is not None or coord.edge.keys is not None:
         tasks.append(asyncio.ensure_future(_housekeeping(coord, cert_reloader, c)))
-    if own_process:
-        tune(c.gc)
     if ready_file:
         with open(ready_file, "w") as f:
             f.write(str(port))

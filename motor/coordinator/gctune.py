@@ -8,11 +8,11 @@ object the process holds: on the peer harness's kv_affinity run (1 worker, wrk -
 3-4 % of the worker's CPU and single pauses of 30-75 ms (``docs/benchmarks.md``, "Garbage
 collection in the worker").
 
-:func:`tune` freezes what startup made (``gc.freeze()``: the modules, the config, the tables;
-they are never garbage while the process runs and are still freed by reference counting
-should they be dropped) and raises the young generation's threshold. Cycles that requests
-leave are still collected; a higher threshold only lets more allocations pass between two
-collections.
+:func:`tune` collects startup's garbage once, freezes what startup made (``gc.freeze()``:
+the modules, the config, the tables; frozen objects are still freed by reference counting
+when dropped, only a cycle among them is never collected, a loss bounded by what startup
+made) and raises the young generation's threshold. Cycles that requests leave are still
+collected; a higher threshold only lets more allocations pass between two collections.
 
 Only a worker's own process calls it (``motor coordinator`` and each worker of the
 supervisor): a coordinator run inside another program (the tests) leaves that program's
@@ -35,6 +35,7 @@ def tune(cfg: GcConfig) -> tuple[int, int, int]:
         _, older, oldest = gc.get_threshold()
         gc.set_threshold(cfg.young_threshold, older, oldest)
     if cfg.freeze:
+        gc.collect()    # startup's garbage is freed, not frozen for the process's life
         gc.freeze()
     logger.debug("gc: thresholds %s, %d objects frozen", gc.get_threshold(),
                  gc.get_freeze_count())

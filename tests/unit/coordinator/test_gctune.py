@@ -16,13 +16,20 @@ from motor.coordinator.app import serve
 from tests.support.procs import free_ports, spawn, stop, wait_http
 
 PROBE = """
-import gc, json, sys
+import gc, json, sys, weakref
 from motor.config.schema import GcConfig
 from motor.coordinator.gctune import tune
+class Cycle:
+    pass
+gc.disable()    # the cycle stays garbage until tune() runs
+c = Cycle()
+c.me = c
+ref = weakref.ref(c)
+del c
 before = gc.get_threshold()
 out = tune(GcConfig.model_validate(json.loads(sys.argv[1])))
 print(json.dumps({"before": before, "returned": out, "now": gc.get_threshold(),
-                  "frozen": gc.get_freeze_count()}))
+                  "frozen": gc.get_freeze_count(), "garbage_left": ref() is not None}))
 """
 
 
@@ -38,12 +45,14 @@ def test_defaults_freeze_and_raise_the_young_threshold():
     assert out["before"] == [700, 10, 10]
     assert out["now"] == out["returned"] == [GcConfig().young_threshold, 10, 10] == [10000, 10, 10]
     assert out["frozen"] > 1000     # the interpreter's and motor's modules at least
+    assert out["garbage_left"] is False     # collected before the freeze, not frozen
 
 
 def test_zero_threshold_and_no_freeze_leave_the_collector_as_it_was():
     out = probe({"freeze": False, "young_threshold": 0})
     assert out["now"] == out["before"] == [700, 10, 10]
     assert out["frozen"] == 0
+    assert out["garbage_left"] is True      # nothing collected either
 
 
 def test_bad_threshold_is_a_config_error():
