@@ -65,6 +65,7 @@ from motor._fast.chatplan import plan_cut
 from motor._fast.hashing import block_hashes, extend_hashes
 from motor._fast.bpe import ByteLevelBpe
 from motor._fast.pretok import ByteLevelMiss, WordIds, encode_ascii_words, split_added
+from motor.errors import ConfigError
 from motor.protocol import chat_tokenizer
 
 if TYPE_CHECKING:
@@ -761,6 +762,24 @@ class Tokenizers:
         self._rendered: tuple[dict[str, Any], str, RoutingTokenizer, object,
                               str | list[int] | None, str | None,
                               list[str | int] | None, int | None] | None = None
+
+    def load_all(self) -> None:
+        """Load now every tokenizer :attr:`mapping` names (at a worker's start: the first
+        request of a model does not wait on the event loop for its files, and a directory
+        that cannot be read is found before requests are routed on load alone).
+
+        Raises :class:`~motor.errors.ConfigError` naming the entry
+        (``coordinator.kv.tokenizers[<model>]``) when a directory lacks tokenizer.json or
+        tokenizer_config.json or cannot be read (``RoutingTokenizer``'s error)."""
+        for model, src in self.mapping.items():
+            if src in self._cache:
+                continue
+            try:
+                self._cache[src] = RoutingTokenizer(src)
+            except Exception as e:  # noqa: BLE001 - malformed JSON, a bad template: one error
+                raise ConfigError(f"coordinator.kv.tokenizers[{model!r}]: expected `builtin` "
+                                  f"or a model directory, got {src!r} ({e})") from None
+            logger.info("routing tokenizer for model %s: %s", model, src)
 
     def get(self, model: str | None) -> RoutingTokenizer:
         src = self.mapping.get(model or "", self.mapping.get("*", BUILTIN))

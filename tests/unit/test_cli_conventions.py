@@ -430,3 +430,18 @@ def test_a_bad_start_attempts_variable_stops_the_node_manager() -> None:
                        env={**os.environ, "MOTOR_ENGINE_START_ATTEMPTS": "0"}, timeout=60)
     assert r.returncode == 2
     assert "MOTOR_ENGINE_START_ATTEMPTS: expected an integer >= 1, got '0'" in r.stderr.decode()
+
+
+def test_coordinator_with_an_unreadable_tokenizer_directory_does_not_start(tmp_path: Path) -> None:
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text(f"coordinator: {{policy: kv_affinity, kv: {{tokenizers: "
+                   f"{{'*': {tmp_path / 'no-such-model'}}}}}}}\n")
+    r = subprocess.run([sys.executable, "-m", "motor", "coordinator", "-c", str(cfg),
+                        "--backend", "http://127.0.0.1:1"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = program_stderr(r.stderr).splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith(
+        f"motor coordinator: coordinator.kv.tokenizers['*']: expected `builtin` or a model "
+        f"directory, got '{tmp_path / 'no-such-model'}' (tokenizer directory"), lines[0]

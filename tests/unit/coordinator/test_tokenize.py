@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from motor.coordinator.tokenize import BUILTIN, RoutingTokenizer, TokenizeError, Tokenizers
+from motor.errors import ConfigError
 from motor.sim.tokenizer import SimTokenizer, write_model_dir
 
 
@@ -100,3 +101,57 @@ def test_tokenizers_per_model_with_default(model_dir: str) -> None:
     t2 = Tokenizers({"*": model_dir})
     assert t2.get("zzz").source == model_dir
     assert t2.token_ids("completions", {"model": "zzz", "prompt": "ab"}) == [97, 98]
+
+
+def test_load_all_loads_every_listed_tokenizer_once(model_dir: str) -> None:
+    t = Tokenizers({"a": model_dir, "b": model_dir, "c": BUILTIN})
+    t.load_all()
+    a = t.get("a")
+    assert t.get("b") is a and a.source == model_dir     # one load per directory
+    assert t.get("c").source == BUILTIN
+    t.load_all()
+    assert t.get("a") is a                                # loaded ones are kept
+
+
+def test_load_all_names_the_entry_of_a_bad_directory(model_dir: str, tmp_path) -> None:
+    bad = tmp_path / "half"
+    bad.mkdir()
+    (bad / "tokenizer.json").write_text("{not json")
+    (bad / "tokenizer_config.json").write_text("{}")
+    for mapping, entry, path in [({"*": str(tmp_path / "nope")}, "'*'", tmp_path / "nope"),
+                                 ({"a": model_dir, "m-1": str(bad)}, "'m-1'", bad)]:
+        with pytest.raises(ConfigError) as e:
+            Tokenizers(mapping).load_all()
+        msg = str(e.value)
+        assert msg.startswith(f"coordinator.kv.tokenizers[{entry}]: expected `builtin` or a "
+                              f"model directory, got '{path}' ("), msg
+        assert "tokenizer.json" in msg
+
+
+def test_a_kv_affinity_worker_loads_its_tokenizers_before_any_request(
+        model_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+    import logging
+
+    from motor.config.schema import ClusterConfig
+    from motor.coordinator.app import serve
+    from tests.support.procs import free_ports
+
+    cfg = ClusterConfig.model_validate({"coordinator": {
+        "port": free_ports(1)[0], "policy": "kv_affinity",
+        "kv": {"tokenizers": {"m": model_dir, "*": BUILTIN}}}})
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(serve(cfg, ["http://127.0.0.1:9"], stop=stop))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        stop.set()
+        await task
+
+    with caplog.at_level(logging.INFO, logger="motor.coordinator.tokenize"):
+        asyncio.run(run())
+    loaded = sorted(r.getMessage() for r in caplog.records
+                    if r.getMessage().startswith("routing tokenizer for model"))
+    assert loaded == ["routing tokenizer for model *: builtin",
+                      f"routing tokenizer for model m: {model_dir}"]
