@@ -17,7 +17,6 @@ from motor.coordinator.policy import make_policy
 from motor.coordinator.server import Coordinator
 from motor.http.client import Client
 from motor.http.server import HttpServer
-from motor.errors import ConfigError
 from motor.http.tls import CertReloader
 
 logger = logging.getLogger(__name__)
@@ -68,10 +67,6 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     kv_router: KvRouter | None = None
     if c.policy.value == "kv_affinity":
         kv_router = KvRouter(c.kv, adapters=table.adapters)   # learned by the model probes
-        try:
-            kv_router.tokenizers.load_all()     # not on the first request's loop turn
-        except ConfigError as e:    # the CLI read them: changed since; each request says so
-            logger.warning("%s", e)
         if shm is None:
             kv_feed = KvEventFeed(kv_router, table)
         policy = make_policy(c.policy.value, router=kv_router)

@@ -29,6 +29,7 @@ from motor.config.schema import ApproximateMode, KvApproximateConfig, KvRoutingC
 from motor.coordinator import metrics
 from motor.coordinator.kv.ingest import KvIngest
 from motor.coordinator.tokenize import TokenizeError, Tokenizers
+from motor.errors import ConfigError
 from motor.protocol.kv_events import N_TIERS, TIER_DEVICE, adapter_salt
 
 if TYPE_CHECKING:
@@ -101,6 +102,10 @@ class KvRouter:
         self.clock = clock
         self.on_routed = on_routed
         self.tokenizers = Tokenizers(self.cfg.tokenizers)
+        try:
+            self.tokenizers.load_all()      # now, not on a first request's loop turn
+        except ConfigError as e:    # `motor coordinator` refuses it before it starts: the
+            logger.warning("%s", e)     # files changed since; each request says so again
         self.exact = PrefixIndex(MAX_INSTANCES)
         self.ingest = KvIngest(self.exact, self.block_size, on_drop=self._on_drop,
                                on_apply=self._on_apply)

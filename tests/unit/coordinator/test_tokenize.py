@@ -155,3 +155,19 @@ def test_a_kv_affinity_worker_loads_its_tokenizers_before_any_request(
                     if r.getMessage().startswith("routing tokenizer for model"))
     assert loaded == ["routing tokenizer for model *: builtin",
                       f"routing tokenizer for model m: {model_dir}"]
+
+
+def test_a_kv_router_loads_its_tokenizers_when_made(model_dir: str, tmp_path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    # every KV router: kv_affinity's, a PD leg policy's, the joint choice's
+    from motor.config.schema import KvRoutingConfig
+    from motor.coordinator.kv.router import KvRouter
+
+    r = KvRouter(KvRoutingConfig(tokenizers={"m": model_dir}))
+    assert list(r.tokenizers._cache) == [model_dir]
+    # a directory gone since the CLI read it: a warning, and requests routed on load alone
+    with caplog.at_level("WARNING", logger="motor.coordinator.kv.router"):
+        r = KvRouter(KvRoutingConfig(tokenizers={"m": str(tmp_path / "gone")}))
+    assert [rec.getMessage().split(":")[0] for rec in caplog.records] == \
+        ["coordinator.kv.tokenizers['m']"]
+    assert r.request_hashes("completions", {"model": "m", "prompt": "hi"}) is None
