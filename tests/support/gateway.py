@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import tempfile
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from motor.config.schema import CoordinatorConfig, Role
+from motor.config.schema import ClusterConfig, CoordinatorConfig, Role
 from motor.coordinator.endpoints import EndpointTable, StaticBackends
 from motor.coordinator.policy import make_policy
 from motor.coordinator.server import Coordinator
@@ -22,6 +24,25 @@ def run_async(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
             await asyncio.wait_for(fn(*args, **kwargs), 60)
         asyncio.run(bounded())
     return wrapper
+
+
+def serve_until_listening(cfg: ClusterConfig, backends: list[str]) -> None:
+    """Run :func:`motor.coordinator.app.serve` in this process until it listens, then stop
+    it and wait for its end (bounded to 60 s)."""
+    from motor.coordinator.app import serve
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        with tempfile.TemporaryDirectory() as d:
+            ready = os.path.join(d, "ready")
+            task = asyncio.ensure_future(serve(cfg, backends, stop=stop, ready_file=ready))
+            while not os.path.exists(ready):
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.02)
+        stop.set()
+        await task
+
+    asyncio.run(asyncio.wait_for(run(), 60))
 
 
 class Gateway:

@@ -2,7 +2,6 @@
 generation's threshold; a coordinator run inside another program leaves its collector alone."""
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import subprocess
@@ -12,7 +11,7 @@ import time
 import pytest
 
 from motor.config.schema import ClusterConfig, GcConfig
-from motor.coordinator.app import serve
+from tests.support.gateway import serve_until_listening
 from tests.support.procs import free_ports, spawn, stop, wait_http
 
 PROBE = """
@@ -64,16 +63,7 @@ def test_serve_inside_another_program_leaves_its_collector_alone():
     before, frozen = gc.get_threshold(), gc.get_freeze_count()
     cfg = ClusterConfig.model_validate({"coordinator": {"port": free_ports(1)[0],
                                                         "gc": {"young_threshold": 4321}}})
-
-    async def run() -> None:
-        stop_ev = asyncio.Event()
-        task = asyncio.ensure_future(serve(cfg, ["http://127.0.0.1:9"], stop=stop_ev))
-        await asyncio.sleep(0.5)
-        assert not task.done()
-        stop_ev.set()
-        await task
-
-    asyncio.run(run())
+    serve_until_listening(cfg, ["http://127.0.0.1:9"])
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == frozen
 

@@ -130,27 +130,17 @@ def test_load_all_names_the_entry_of_a_bad_directory(model_dir: str, tmp_path) -
 
 def test_a_kv_affinity_worker_loads_its_tokenizers_before_any_request(
         model_dir: str, caplog: pytest.LogCaptureFixture) -> None:
-    import asyncio
     import logging
 
     from motor.config.schema import ClusterConfig
-    from motor.coordinator.app import serve
+    from tests.support.gateway import serve_until_listening
     from tests.support.procs import free_ports
 
     cfg = ClusterConfig.model_validate({"coordinator": {
         "port": free_ports(1)[0], "policy": "kv_affinity",
         "kv": {"tokenizers": {"m": model_dir, "*": BUILTIN}}}})
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(serve(cfg, ["http://127.0.0.1:9"], stop=stop))
-        await asyncio.sleep(0.5)
-        assert not task.done()
-        stop.set()
-        await task
-
     with caplog.at_level(logging.INFO, logger="motor.coordinator.tokenize"):
-        asyncio.run(run())
+        serve_until_listening(cfg, ["http://127.0.0.1:9"])
     loaded = sorted(r.getMessage() for r in caplog.records
                     if r.getMessage().startswith("routing tokenizer for model"))
     assert loaded == ["routing tokenizer for model *: builtin",
