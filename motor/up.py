@@ -68,7 +68,9 @@ def load_for_cli(args: argparse.Namespace) -> ClusterConfig:
     import os
 
     from motor.coordinator.edge import check_edge
+    from motor.coordinator.tokenize import check_tokenizers
     check_edge(cfg.coordinator, os.environ.get("MOTOR_API_KEYS", ""))
+    check_tokenizers(cfg.coordinator)   # the routing tokenizers' files, as the coordinator
     return cfg
 
 

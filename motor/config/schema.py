@@ -499,15 +499,17 @@ class GcConfig(_Strict):
     """Python's cyclic garbage collector in each coordinator worker process (docs/coordinator.md,
     "Garbage collection")."""
     freeze: bool = Field(
-        True, description="once the worker listens, move every object made at startup (the "
-                          "modules, the config, the routing tables) out of the collector's "
-                          "reach (`gc.freeze()`): a full collection then walks only what "
-                          "requests made")
+        True, description="just before the worker listens, collect once and move every object "
+                          "made at startup (the modules, the config, the routing tables) out "
+                          "of the collector's reach (`gc.freeze()`): a full collection then "
+                          "walks only what requests made")
     young_threshold: int = Field(
-        10000, ge=0, description="allocations of container objects, net of frees, that start "
-                                 "a young-generation collection (`gc.set_threshold`'s first "
-                                 "value; Python's default is 700); 0 = Python's default "
-                                 "thresholds kept")
+        10000, ge=0, le=1_000_000,
+        description="allocations of container objects, net of frees, that start a "
+                    "young-generation collection (`gc.set_threshold`'s first value; "
+                    "CPython 3.11-3.13's default is 700); 0 = the interpreter's thresholds "
+                    "kept. Higher values collect reference cycles later (more memory held "
+                    "between two collections)")
 
 
 class TlsServerConfig(_Strict):

@@ -125,9 +125,8 @@ def main(args: argparse.Namespace) -> int:
                 raise OptionError("--backend", f"{problem} ({' '.join(args.backend)})")
         from motor.coordinator.policy import make_policy
         make_policy(cfg.coordinator.policy.value)
-        if cfg.coordinator.kv.tokenizers:   # each routing tokenizer's files, read once here
-            from motor.coordinator.tokenize import Tokenizers
-            Tokenizers(cfg.coordinator.kv.tokenizers).load_all()
+        from motor.coordinator.tokenize import check_tokenizers
+        check_tokenizers(cfg.coordinator)   # each routing tokenizer's files, read once here
         # key sources and TLS files: read now, so a bad one is an error before anything starts
         import os
 

@@ -47,6 +47,7 @@ encode.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -65,6 +66,7 @@ from motor._fast.chatplan import plan_cut
 from motor._fast.hashing import block_hashes, extend_hashes
 from motor._fast.bpe import ByteLevelBpe
 from motor._fast.pretok import ByteLevelMiss, WordIds, encode_ascii_words, split_added
+from motor.config.schema import CoordinatorConfig, DeploymentMode, PolicyName
 from motor.errors import ConfigError
 from motor.protocol import chat_tokenizer
 
@@ -126,7 +128,8 @@ class RoutingTokenizer:
     Raises
     ------
     ValueError
-        when the directory or its files are missing or unreadable.
+        when the directory or its files are missing or unreadable, or its chat template is
+        not valid jinja2.
     """
 
     def __init__(self, source: str) -> None:
@@ -174,6 +177,7 @@ class RoutingTokenizer:
         self._split_bound = self._split_segment
         if source == BUILTIN:
             return
+        from jinja2 import TemplateSyntaxError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
         from tokenizers import Tokenizer
 
@@ -225,10 +229,16 @@ class RoutingTokenizer:
             env.globals["raise_exception"] = raise_exception
             env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, sort_keys=False: \
                 json.dumps(x, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
-            self._template = env.from_string(tmpl)
+            try:
+                self._template = env.from_string(tmpl)
+                parsed = env.parse(tmpl)
+            except TemplateSyntaxError as e:
+                raise ValueError(f"tokenizer directory {str(d)!r}: its chat template is "
+                                 f"expected to be a valid jinja2 template, got an error at "
+                                 f"line {e.lineno}: {e.message}") from None
             #: renders by message structure with the contents spliced in, when the
             #: template only outputs contents (:mod:`motor.coordinator.chat_splice`)
-            self._splice = SpliceCache() if splice_safe(env.parse(tmpl)) else None
+            self._splice = SpliceCache() if splice_safe(parsed) else None
             # the template's globals are a ChainMap over the environment's (jinja2 3.x); every
             # render copies them into its context (dict() and set() of the ChainMap: half of
             # a short chat's render). Nothing changes them after this: one flat dict.
@@ -726,6 +736,32 @@ class TokenCache:
             self.tokens -= len(gone)
 
 
+def uses_kv_router(c: CoordinatorConfig) -> bool:
+    """Whether a coordinator with ``c`` makes a KV router (and so loads
+    ``coordinator.kv.tokenizers``): policy ``kv_affinity``, or a PD mode whose prefill or
+    decode policy is ``kv_affinity`` or that chooses pairs jointly."""
+    kv = PolicyName.KV_AFFINITY
+    if c.policy is kv:
+        return True
+    if c.mode is DeploymentMode.UNION:
+        return False
+    pd = c.pd
+    return pd.prefill_policy is kv or pd.decode_policy is kv or pd.joint.enabled
+
+
+def check_tokenizers(c: CoordinatorConfig) -> None:
+    """Before a coordinator starts (``motor coordinator``, ``motor up``): load every tokenizer
+    ``coordinator.kv.tokenizers`` names when :func:`uses_kv_router`, and drop them (a
+    tokenizer refers to itself: collected here, not left to a process that never uses it).
+    Raises :class:`~motor.errors.ConfigError` (:meth:`Tokenizers.load_all`'s)."""
+    if not c.kv.tokenizers or not uses_kv_router(c):
+        return
+    try:
+        Tokenizers(c.kv.tokenizers).load_all()
+    finally:
+        gc.collect()
+
+
 class Tokenizers:
     """Routing tokenizers per model name, loaded lazily from ``coordinator.kv.tokenizers``.
 
@@ -739,6 +775,8 @@ class Tokenizers:
                  off_loop_threads: int = OFF_LOOP_THREADS) -> None:
         self.mapping = dict(mapping or {})
         self._cache: dict[str, RoutingTokenizer] = {}
+        #: sources that failed to load -> their error (not read again on every request)
+        self._failed: dict[str, str] = {}
         #: token ids of recent requests (see the module docstring)
         self.ids = cache if cache is not None else TokenCache()
         #: routing keys of recent requests that have a request key (:meth:`_key`: not a chat
@@ -764,28 +802,49 @@ class Tokenizers:
                               list[str | int] | None, int | None] | None = None
 
     def load_all(self) -> None:
-        """Load now every tokenizer :attr:`mapping` names (at a worker's start: the first
-        request of a model does not wait on the event loop for its files, and a directory
-        that cannot be read is found before requests are routed on load alone).
+        """Load now every tokenizer :attr:`mapping` names (when a worker's KV router is made:
+        the first request of a model does not wait on the event loop for its files, and a
+        directory that cannot be read is found before requests are routed on load alone).
+        Every entry is tried; those that load are kept.
 
-        Raises :class:`~motor.errors.ConfigError` naming the entry
-        (``coordinator.kv.tokenizers[<model>]``) when a directory lacks tokenizer.json or
-        tokenizer_config.json or cannot be read (``RoutingTokenizer``'s error)."""
+        Raises :class:`~motor.errors.ConfigError` naming each entry that failed
+        (``coordinator.kv.tokenizers['<model>']: <why>``, ``; `` between them) when a
+        directory lacks tokenizer.json or tokenizer_config.json, one cannot be read, or the
+        chat template is not valid jinja2 (:class:`RoutingTokenizer`'s errors)."""
+        errors = []
         for model, src in self.mapping.items():
-            if src in self._cache:
-                continue
             try:
-                self._cache[src] = RoutingTokenizer(src)
-            except Exception as e:  # noqa: BLE001 - malformed JSON, a bad template: one error
-                raise ConfigError(f"coordinator.kv.tokenizers[{model!r}]: expected `builtin` "
-                                  f"or a model directory, got {src!r} ({e})") from None
+                self._load(src)
+            except ValueError as e:
+                errors.append(f"coordinator.kv.tokenizers[{model!r}]: {e}")
+                continue
             logger.info("routing tokenizer for model %s: %s", model, src)
+        if errors:
+            raise ConfigError("; ".join(errors))
+
+    def _load(self, src: str) -> RoutingTokenizer:
+        """The tokenizer of ``src``, loaded once; a source that failed to load fails again
+        with the same error without reading its files (until the process restarts)."""
+        tok = self._cache.get(src)
+        if tok is not None:
+            return tok
+        err = self._failed.get(src)
+        if err is not None:
+            raise ValueError(err)
+        try:
+            tok = self._cache[src] = RoutingTokenizer(src)
+        except ValueError as e:
+            self._failed[src] = str(e)
+            raise
+        return tok
 
     def get(self, model: str | None) -> RoutingTokenizer:
+        """The tokenizer of ``model`` (its entry, else ``*``'s, else ``builtin``); raises
+        ``ValueError`` when its directory cannot be loaded (:meth:`_load`)."""
         src = self.mapping.get(model or "", self.mapping.get("*", BUILTIN))
         tok = self._cache.get(src)
         if tok is None:
-            tok = self._cache[src] = RoutingTokenizer(src)
+            tok = self._load(src)
             logger.info("routing tokenizer for model %s: %s", model or "*", src)
         return tok
 

@@ -442,6 +442,35 @@ def test_coordinator_with_an_unreadable_tokenizer_directory_does_not_start(tmp_p
     assert r.returncode == 2 and r.stdout == ""
     lines = program_stderr(r.stderr).splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert lines[0].startswith(
-        f"motor coordinator: coordinator.kv.tokenizers['*']: expected `builtin` or a model "
-        f"directory, got '{tmp_path / 'no-such-model'}' (tokenizer directory"), lines[0]
+    assert lines[0] == (
+        f"motor coordinator: coordinator.kv.tokenizers['*']: tokenizer directory "
+        f"'{tmp_path / 'no-such-model'}' is expected to hold tokenizer.json and "
+        f"tokenizer_config.json: No such file or directory (os error 2)"), lines[0]
+
+
+def test_tokenizers_are_checked_where_a_kv_router_uses_them(tmp_path: Path) -> None:
+    import argparse
+
+    from motor.config.schema import CoordinatorConfig
+    from motor.coordinator.tokenize import check_tokenizers
+    from motor.errors import ConfigError
+    from motor.up import load_for_cli
+
+    gone = {"tokenizers": {"m": str(tmp_path / "gone")}}
+    for used in [{"policy": "kv_affinity"},
+                 {"mode": "pd_prefill_first", "pd": {"prefill_policy": "kv_affinity"}},
+                 {"mode": "pd_bootstrap", "pd": {"decode_policy": "kv_affinity"}},
+                 {"mode": "pd_prefill_first", "pd": {"joint": {"enabled": True}}}]:
+        with pytest.raises(ConfigError, match=r"^coordinator.kv.tokenizers\['m'\]: "):
+            check_tokenizers(CoordinatorConfig.model_validate({**used, "kv": gone}))
+    # a config shared with round robin: an entry no KV router reads does not stop it
+    for unused in [{"policy": "round_robin"}, {"mode": "pd_prefill_first"}]:
+        check_tokenizers(CoordinatorConfig.model_validate({**unused, "kv": gone}))
+    # motor up checks them before it starts anything (as the coordinator's TLS and key files)
+    cfg = tmp_path / "up.yaml"
+    cfg.write_text(f"coordinator: {{policy: kv_affinity, kv: {{tokenizers: "
+                   f"{{m: {tmp_path / 'gone'}}}}}}}\nnodes:\n  - name: n0\n    engines: "
+                   f"[{{name: sim, kind: sim, model: m, count: 1, base_port: 18950}}]\n")
+    with pytest.raises(ConfigError, match=r"^coordinator.kv.tokenizers\['m'\]: tokenizer "
+                                          r"directory .* is expected to hold"):
+        load_for_cli(argparse.Namespace(config=str(cfg), mode=None, port=None))

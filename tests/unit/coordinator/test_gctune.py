@@ -41,22 +41,27 @@ def probe(cfg: dict[str, object]) -> dict[str, list[int] | int]:
 
 def test_defaults_freeze_and_raise_the_young_threshold():
     out = probe({})
-    assert out["before"] == [700, 10, 10]
-    assert out["now"] == out["returned"] == [GcConfig().young_threshold, 10, 10] == [10000, 10, 10]
+    before = out["before"]
+    assert isinstance(before, list) and before[0] < 10000      # (700 on CPython 3.11-3.13)
+    # the young generation's threshold raised, the older generations' kept
+    assert out["now"] == out["returned"] == [GcConfig().young_threshold, *before[1:]] \
+        == [10000, *before[1:]]
     assert out["frozen"] > 1000     # the interpreter's and motor's modules at least
     assert out["garbage_left"] is False     # collected before the freeze, not frozen
 
 
 def test_zero_threshold_and_no_freeze_leave_the_collector_as_it_was():
     out = probe({"freeze": False, "young_threshold": 0})
-    assert out["now"] == out["before"] == [700, 10, 10]
+    assert out["now"] == out["before"]
     assert out["frozen"] == 0
     assert out["garbage_left"] is True      # nothing collected either
 
 
-def test_bad_threshold_is_a_config_error():
-    with pytest.raises(ValueError, match="young_threshold"):
-        ClusterConfig.model_validate({"coordinator": {"gc": {"young_threshold": -1}}})
+@pytest.mark.parametrize("value", [-1, 1_000_001, 2**32, "many"])
+def test_bad_threshold_is_a_config_error(value):
+    # above 1000000 (and above a C int, gc.set_threshold's OverflowError in every worker)
+    with pytest.raises(ValueError, match="coordinator.gc.young_threshold|young_threshold"):
+        ClusterConfig.model_validate({"coordinator": {"gc": {"young_threshold": value}}})
 
 
 def test_serve_inside_another_program_leaves_its_collector_alone():
@@ -89,5 +94,10 @@ def test_worker_processes_apply_it(tmp_path, workers):
             assert "thresholds (4321, 10, 10)" in ln
             frozen = int(ln.split("thresholds (4321, 10, 10), ")[1].split()[0])
             assert frozen > 1000
+        if workers == 1:    # tuned before it listens (its one full collection delays nothing)
+            text = log.read_text().splitlines()
+            tuned = next(i for i, ln in enumerate(text) if "gc: thresholds" in ln)
+            listening = next(i for i, ln in enumerate(text) if " listening on " in ln)
+            assert tuned < listening, text
     finally:
         stop(p)

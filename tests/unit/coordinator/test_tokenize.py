@@ -113,19 +113,67 @@ def test_load_all_loads_every_listed_tokenizer_once(model_dir: str) -> None:
     assert t.get("a") is a                                # loaded ones are kept
 
 
-def test_load_all_names_the_entry_of_a_bad_directory(model_dir: str, tmp_path) -> None:
-    bad = tmp_path / "half"
-    bad.mkdir()
-    (bad / "tokenizer.json").write_text("{not json")
-    (bad / "tokenizer_config.json").write_text("{}")
-    for mapping, entry, path in [({"*": str(tmp_path / "nope")}, "'*'", tmp_path / "nope"),
-                                 ({"a": model_dir, "m-1": str(bad)}, "'m-1'", bad)]:
-        with pytest.raises(ConfigError) as e:
-            Tokenizers(mapping).load_all()
-        msg = str(e.value)
-        assert msg.startswith(f"coordinator.kv.tokenizers[{entry}]: expected `builtin` or a "
-                              f"model directory, got '{path}' ("), msg
-        assert "tokenizer.json" in msg
+def broken_template_dir(model_dir: str, dest) -> str:
+    """A copy of ``model_dir`` whose chat template is not valid jinja2."""
+    import json
+    import shutil
+    shutil.copytree(model_dir, dest)
+    cfg_path = dest / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = "{% for m in messages %}{{ m.content }"
+    cfg_path.write_text(json.dumps(cfg))
+    return str(dest)
+
+
+def test_load_all_names_each_entry_that_fails_and_keeps_the_others(model_dir: str,
+                                                                   tmp_path) -> None:
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "tokenizer.json").write_text("{not json")
+    (half / "tokenizer_config.json").write_text("{}")
+    tmpl = broken_template_dir(model_dir, tmp_path / "tmpl")
+    t = Tokenizers({"*": str(tmp_path / "nope"), "m-1": str(half), "ok": model_dir,
+                    "t": tmpl})
+    with pytest.raises(ConfigError) as e:
+        t.load_all()
+    errors = str(e.value).split("; ")
+    assert [m.split(": ", 1)[0] for m in errors] == [
+        "coordinator.kv.tokenizers['*']", "coordinator.kv.tokenizers['m-1']",
+        "coordinator.kv.tokenizers['t']"]
+    assert errors[0].endswith(f"tokenizer directory '{tmp_path / 'nope'}' is expected to hold "
+                              f"tokenizer.json and tokenizer_config.json: No such file or "
+                              f"directory (os error 2)"), errors[0]
+    assert f"tokenizer directory '{half}' is expected to hold tokenizer.json" in errors[1]
+    assert errors[2] == (f"coordinator.kv.tokenizers['t']: tokenizer directory '{tmpl}': its "
+                         f"chat template is expected to be a valid jinja2 template, got an "
+                         f"error at line 1: unexpected '}}'"), errors[2]
+    assert t.get("ok").source == model_dir      # loaded although others failed
+
+
+def test_a_broken_chat_template_is_routed_on_load_alone(model_dir: str, tmp_path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    # found after start (a worker restarted after the file changed): a warning, no 500
+    from motor.config.schema import KvRoutingConfig
+    from motor.coordinator.kv.router import KvRouter
+
+    tmpl = broken_template_dir(model_dir, tmp_path / "tmpl")
+    with caplog.at_level("WARNING"):
+        r = KvRouter(KvRoutingConfig(tokenizers={"m": tmpl}))
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        assert r.request_hashes("chat", body) is None
+        assert r.request_hashes("chat", body) is None
+    assert "chat template is expected to be a valid jinja2 template" in caplog.text
+
+
+def test_a_source_that_failed_is_not_read_again(tmp_path, model_dir: str) -> None:
+    gone = tmp_path / "later"
+    t = Tokenizers({"m": str(gone)})
+    with pytest.raises(ValueError, match="is expected to hold tokenizer.json") as first:
+        t.get("m")
+    write_model_dir(gone)      # the files appear: still the first error until a restart
+    with pytest.raises(ValueError) as again:
+        t.get("m")
+    assert str(again.value) == str(first.value)
 
 
 def test_a_kv_affinity_worker_loads_its_tokenizers_before_any_request(
