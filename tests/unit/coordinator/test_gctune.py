@@ -84,7 +84,7 @@ def test_worker_processes_apply_it(tmp_path, workers):
     try:
         wait_http(f"http://127.0.0.1:{gw}/liveness")
         lines: list[str] = []
-        for _ in range(100):
+        for _ in range(300):     # 30 s: the second worker may start well after the first
             lines = [ln for ln in log.read_text().splitlines() if "gc: thresholds" in ln]
             if len(lines) == workers:
                 break
