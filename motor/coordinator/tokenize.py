@@ -177,13 +177,26 @@ class RoutingTokenizer:
         self._split_bound = self._split_segment
         if source == BUILTIN:
             return
+        d = Path(source).expanduser()
+        try:
+            self._load_files(d)
+        except ValueError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a malformed config or template: one error
+            raise ValueError(f"tokenizer directory {str(d)!r}: tokenizer_config.json or its "
+                             f"chat template is not what a model directory holds: "
+                             f"{type(e).__name__}: {e}") from None
+
+    def _load_files(self, d: Path) -> None:
+        """Read the model directory ``d`` (:class:`RoutingTokenizer`'s ``source``); raises
+        ``ValueError`` for a missing or unreadable file or a template that is not jinja2,
+        and whatever a malformed file makes the steps after raise."""
         from jinja2 import TemplateSyntaxError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
         from tokenizers import Tokenizer
 
         from motor.coordinator.chat_splice import SpliceCache, splice_safe
 
-        d = Path(source).expanduser()
         try:
             self._tok = Tokenizer.from_file(str(d / "tokenizer.json"))
             with open(d / "tokenizer_config.json", encoding="utf-8") as f:

@@ -57,10 +57,10 @@ def test_zero_threshold_and_no_freeze_leave_the_collector_as_it_was():
     assert out["garbage_left"] is True      # nothing collected either
 
 
-@pytest.mark.parametrize("value", [-1, 1_000_001, 2**32, "many"])
+@pytest.mark.parametrize("value", [-1, 1_000_001, "many"])
 def test_bad_threshold_is_a_config_error(value):
-    # above 1000000 (and above a C int, gc.set_threshold's OverflowError in every worker)
-    with pytest.raises(ValueError, match="coordinator.gc.young_threshold|young_threshold"):
+    # above 1000000 (above a C int, it was gc.set_threshold's OverflowError in every worker)
+    with pytest.raises(ValueError, match=r"coordinator\.gc\.young_threshold"):
         ClusterConfig.model_validate({"coordinator": {"gc": {"young_threshold": value}}})
 
 

@@ -132,14 +132,30 @@ def test_load_all_names_each_entry_that_fails_and_keeps_the_others(model_dir: st
     (half / "tokenizer.json").write_text("{not json")
     (half / "tokenizer_config.json").write_text("{}")
     tmpl = broken_template_dir(model_dir, tmp_path / "tmpl")
+    # malformed past the files' reading (helper-13): a list for a config, a number for a
+    # template; each one clear error, not the AttributeError / TypeError of a step after
+    import json
+    import shutil
+    shutil.copytree(model_dir, tmp_path / "list")
+    (tmp_path / "list" / "tokenizer_config.json").write_text("[]")
+    shutil.copytree(model_dir, tmp_path / "five")
+    cfg = json.loads((tmp_path / "five" / "tokenizer_config.json").read_text())
+    (tmp_path / "five" / "tokenizer_config.json").write_text(
+        json.dumps({**cfg, "chat_template": 5}))
     t = Tokenizers({"*": str(tmp_path / "nope"), "m-1": str(half), "ok": model_dir,
-                    "t": tmpl})
+                    "t": tmpl, "l": str(tmp_path / "list"), "n": str(tmp_path / "five")})
     with pytest.raises(ConfigError) as e:
         t.load_all()
     errors = str(e.value).split("; ")
     assert [m.split(": ", 1)[0] for m in errors] == [
         "coordinator.kv.tokenizers['*']", "coordinator.kv.tokenizers['m-1']",
-        "coordinator.kv.tokenizers['t']"]
+        "coordinator.kv.tokenizers['t']", "coordinator.kv.tokenizers['l']",
+        "coordinator.kv.tokenizers['n']"]
+    for m, d, got in [(errors[3], tmp_path / "list", "AttributeError: "),
+                      (errors[4], tmp_path / "five", "TypeError: ")]:
+        assert m.split(": ", 1)[1].startswith(
+            f"tokenizer directory '{d}': tokenizer_config.json or its chat template is not "
+            f"what a model directory holds: {got}"), m
     assert errors[0].endswith(f"tokenizer directory '{tmp_path / 'nope'}' is expected to hold "
                               f"tokenizer.json and tokenizer_config.json: No such file or "
                               f"directory (os error 2)"), errors[0]
@@ -157,12 +173,17 @@ def test_a_broken_chat_template_is_routed_on_load_alone(model_dir: str, tmp_path
     from motor.coordinator.kv.router import KvRouter
 
     tmpl = broken_template_dir(model_dir, tmp_path / "tmpl")
+    import shutil
+    shutil.copytree(model_dir, tmp_path / "list")
+    (tmp_path / "list" / "tokenizer_config.json").write_text("[]")
     with caplog.at_level("WARNING"):
-        r = KvRouter(KvRoutingConfig(tokenizers={"m": tmpl}))
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-        assert r.request_hashes("chat", body) is None
-        assert r.request_hashes("chat", body) is None
+        r = KvRouter(KvRoutingConfig(tokenizers={"m": tmpl, "l": str(tmp_path / "list")}))
+        for model in ("m", "l"):
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+            assert r.request_hashes("chat", body) is None
+            assert r.request_hashes("chat", body) is None
     assert "chat template is expected to be a valid jinja2 template" in caplog.text
+    assert "AttributeError" in caplog.text
 
 
 def test_a_source_that_failed_is_not_read_again(tmp_path, model_dir: str) -> None:
