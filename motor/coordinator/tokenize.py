@@ -128,8 +128,8 @@ class RoutingTokenizer:
     Raises
     ------
     ValueError
-        when the directory or its files are missing or unreadable, or its chat template is
-        not valid jinja2.
+        when the directory or its files are missing, unreadable or malformed, or its chat
+        template is not valid jinja2.
     """
 
     def __init__(self, source: str) -> None:
@@ -776,7 +776,8 @@ def check_tokenizers(c: CoordinatorConfig) -> None:
 
 
 class Tokenizers:
-    """Routing tokenizers per model name, loaded lazily from ``coordinator.kv.tokenizers``.
+    """Routing tokenizers per model name, from ``coordinator.kv.tokenizers``: loaded by
+    :meth:`load_all` (a KV router calls it when it is made), else at first use.
 
     ``mapping`` maps a model name (``"*"`` = any other model) to ``builtin`` or a model
     directory. A model with no entry uses ``builtin``.

@@ -105,7 +105,7 @@ class KvRouter:
         try:
             self.tokenizers.load_all()      # now, not on a first request's loop turn
         except ConfigError as e:    # `motor coordinator` refuses it before it starts: the
-            logger.warning("%s", e)     # files changed since; each request says so again
+            logger.warning("%s", e)     # files changed since; that model: load alone
         self.exact = PrefixIndex(MAX_INSTANCES)
         self.ingest = KvIngest(self.exact, self.block_size, on_drop=self._on_drop,
                                on_apply=self._on_apply)
