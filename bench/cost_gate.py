@@ -14,6 +14,10 @@ else the machine does, so a few percent can be seen. Figures (instructions):
 ``proxy.request.stream``       the same streamed (16 SSE events)
 ``proxy.request.stream_paced`` the same with the engine's events 5 ms apart (each reaches
                                the coordinator in a read of its own, as tokens do)
+``proxy.request.kv_chat``      one chat request with ``kv_affinity`` and ``motor sim``'s
+                               tokenizer: the peer harness's body (a ~1 KB system prompt
+                               shared by all, a unique user turn: tokenized, hashed, matched
+                               and inserted anew every request; ``bench/kv_proxy_cost.py``)
 =============================  =============================================================
 
 The compiled figures count only inside the measured function (``--toggle-collect`` on its
@@ -67,7 +71,8 @@ PROXY_WARMUP = 200
 PROXY_CONCURRENCY = 8
 
 COMPILED = ("hashing.block_hashes", "radix.match", "scoring.pick", "ring.push_pop")
-PROXY = ("proxy.request.nonstream", "proxy.request.stream", "proxy.request.stream_paced")
+PROXY = ("proxy.request.nonstream", "proxy.request.stream", "proxy.request.stream_paced",
+         "proxy.request.kv_chat")
 #: milliseconds between a paced stream's events (``proxy.request.stream_paced``): far longer
 #: than the coordinator takes for one under callgrind, so that nearly every event is a read
 PACE_MS = 5
@@ -197,8 +202,35 @@ async def _load(port: int, body: bytes | Callable[[int], bytes], n: int, first: 
     return ok
 
 
+#: the peer harness's system prompt (``post.lua``: ``string.rep(..., 16)``, 992 characters)
+HARNESS_SYSTEM = "You are a helpful assistant. Answer concisely and accurately. " * 16
+
+
+def harness_chat_body(n: int, stream: bool = False) -> bytes:
+    """The peer harness's chat body number ``n``: its shared system prompt and a unique user
+    turn (model ``m``, the one ``bench/fast_backend.py`` serves)."""
+    user = (f"Question 1-{n}: please summarise the following text about routers and gateways "
+            f"in two sentences.")
+    return (b'{"model":"m","messages":[{"role":"system","content":"' + HARNESS_SYSTEM.encode()
+            + b'"},{"role":"user","content":"' + user.encode() + b'"}],"max_tokens":16,'
+            b'"temperature":0,"stream":' + (b"true" if stream else b"false") + b"}")
+
+
+def kv_config(tokenizer: str) -> str:
+    """:func:`count_coordinator`'s config lines for ``kv_affinity`` with the routing
+    tokenizer of the model directory ``tokenizer`` for every model."""
+    return f"  policy: kv_affinity\n  kv:\n    tokenizers: {{\"*\": {tokenizer}}}\n"
+
+
 def measure_proxy(python: str, figure: str) -> int:
-    """Instructions per request of the coordinator process (``figure``: stream or not)."""
+    """Instructions per request of the coordinator process (``figure``: stream or not, or
+    ``kv_chat``)."""
+    if figure.endswith(".kv_chat"):
+        with tempfile.TemporaryDirectory(prefix="motor-cost-tok-") as tmp:
+            from motor.sim.tokenizer import write_model_dir
+            tok = str(write_model_dir(Path(tmp)))
+            return count_coordinator(python, harness_chat_body, PROXY_REQUESTS, PROXY_WARMUP,
+                                     config=kv_config(tok), label=figure)
     paced = figure.endswith(".stream_paced")
     stream = paced or figure.endswith(".stream")
     body = (b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 1024

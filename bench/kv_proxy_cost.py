@@ -35,21 +35,15 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost_gate import GateError, _env, count_coordinator  # noqa: E402
+from cost_gate import (GateError, _env, count_coordinator, harness_chat_body,  # noqa: E402
+                       kv_config)
 
 WARMUP = 200
-#: the peer harness's system prompt (post.lua: string.rep(..., 16), 992 characters)
-SYSTEM = "You are a helpful assistant. Answer concisely and accurately. " * 16
 
 
 def body(n: int, stream: bool = False) -> bytes:
-    """The peer harness's chat body number ``n`` (unique user turn; model ``m``, the one
-    ``bench/fast_backend.py`` serves)."""
-    user = (f"Question 1-{n}: please summarise the following text about routers and gateways "
-            f"in two sentences.")
-    return (b'{"model":"m","messages":[{"role":"system","content":"' + SYSTEM.encode()
-            + b'"},{"role":"user","content":"' + user.encode() + b'"}],"max_tokens":16,'
-            b'"temperature":0,"stream":' + (b"true" if stream else b"false") + b"}")
+    """The peer harness's chat body number ``n`` (:func:`cost_gate.harness_chat_body`)."""
+    return harness_chat_body(n, stream)
 
 
 def measure(python: str, policy: str, tokenizer: str, requests: int, stream: bool,
@@ -59,8 +53,7 @@ def measure(python: str, policy: str, tokenizer: str, requests: int, stream: boo
     env = _env()
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    config = f"  policy: kv_affinity\n  kv:\n    tokenizers: {{\"*\": {tokenizer}}}\n" \
-        if policy == "kv" else ""
+    config = kv_config(tokenizer) if policy == "kv" else ""
     return count_coordinator(python, lambda i: body(i, stream), requests, WARMUP,
                              config=config, env=env, out_dir=keep, label=policy)
 
