@@ -64,8 +64,6 @@ class Leadership:
         self.leader_changes = 0  #: leaders seen (by any controller) since start
         self.etcd_reachable = False
         self._last_leader_id: str | None = None
-        #: elected and ``on_elected`` done (the registry restored): see :attr:`serves`
-        self.took_over = False
         self._task: asyncio.Task[None] | None = None
         self._down_since: float | None = None
 
@@ -73,12 +71,6 @@ class Leadership:
     def is_leader(self) -> bool:
         """True while elected and the lease is valid by our own clock."""
         return self.token is not None and self.lease.valid()
-
-    @property
-    def serves(self) -> bool:
-        """:attr:`is_leader` and the takeover done (``on_elected`` returned): until then the
-        API answers as no leader (503), not with a registry not restored yet."""
-        return self.took_over and self.is_leader
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="controller election")
@@ -92,7 +84,6 @@ class Leadership:
             except asyncio.CancelledError:
                 pass
             self._task = None
-        self.took_over = False
         if self.token is not None:
             self.token = None
             try:
@@ -107,7 +98,6 @@ class Leadership:
         if self.token is None:
             return
         self.token = None
-        self.took_over = False
         if self.leader_url == self.url:
             self.leader_url = None
         logger.warning("controller %s: no longer the leader: %s", self.url, reason)
@@ -158,7 +148,6 @@ class Leadership:
                                {"id": self.id, "url": self.url, "since": time.time()})
         if token is None:
             return   # someone else was faster: follow it on the next round
-        self.took_over = False
         self.token = token
         self.leader_url = self.url
         self._saw_leader({"id": self.id, "url": self.url})
@@ -166,8 +155,6 @@ class Leadership:
                     self.session.endpoint, self.lease.id, self.config.lease_ttl_s)
         try:
             await self.on_elected()
-            # (no await before this: a long poll woken by the takeover answers as leader)
-            self.took_over = self.token == token
         except asyncio.CancelledError:
             raise
         except Exception as e:
