@@ -32,6 +32,9 @@ from motor.controller.etcd_store import (EtcdSession, EtcdUnavailable, Lease, ca
 
 logger = logging.getLogger(__name__)
 
+#: how long :meth:`Leadership.stop` waits for the cancelled election task (seconds)
+STOP_WAIT_S = 2.0
+
 
 class Leadership:
     """The election loop of one controller.
@@ -64,7 +67,12 @@ class Leadership:
         self.leader_changes = 0  #: leaders seen (by any controller) since start
         self.etcd_reachable = False
         self._last_leader_id: str | None = None
+        #: elected and ``on_elected`` done (the registry restored): see :attr:`serves`
+        self.took_over = False
         self._task: asyncio.Task[None] | None = None
+        #: set by :meth:`stop`: the election loop ends at its next turn even if the
+        #: cancellation was lost (see :meth:`stop`)
+        self._stopping = False
         self._down_since: float | None = None
 
     @property
@@ -72,18 +80,36 @@ class Leadership:
         """True while elected and the lease is valid by our own clock."""
         return self.token is not None and self.lease.valid()
 
+    @property
+    def serves(self) -> bool:
+        """:attr:`is_leader` and the takeover done (``on_elected`` returned): until then the
+        API answers as no leader (503), not with a registry not restored yet."""
+        return self.took_over and self.is_leader
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="controller election")
 
     async def stop(self) -> None:
-        """Stop campaigning; a leader revokes its lease so a standby takes over at once."""
+        """Stop campaigning; a leader revokes its lease so a standby takes over at once.
+
+        The election task is cancelled, and also told to end (:attr:`_stopping`): on Python
+        3.11 ``asyncio.wait_for`` returns its inner call's outcome when the cancellation
+        lands in the same loop turn as that call ending, so a cancellation can be lost in an
+        etcd call that just failed, and the loop would retry forever. The wait for the task
+        is bounded (``STOP_WAIT_S``) for the same reason."""
+        self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+            task, self._task = self._task, None
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=STOP_WAIT_S)
+            if not done:
+                logger.warning("controller %s: the election task did not end within %g s of "
+                               "its cancellation; left behind", self.url, STOP_WAIT_S)
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            elif not task.cancelled() and task.exception() is not None:
+                logger.warning("controller %s: the election task ended with %r", self.url,
+                               task.exception())
+        self.took_over = False
         if self.token is not None:
             self.token = None
             try:
@@ -98,6 +124,7 @@ class Leadership:
         if self.token is None:
             return
         self.token = None
+        self.took_over = False
         if self.leader_url == self.url:
             self.leader_url = None
         logger.warning("controller %s: no longer the leader: %s", self.url, reason)
@@ -105,7 +132,7 @@ class Leadership:
 
     # ---------------------------------------------------------------- loop
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 if self.token is None:
                     await self._follow_or_campaign()
@@ -148,6 +175,7 @@ class Leadership:
                                {"id": self.id, "url": self.url, "since": time.time()})
         if token is None:
             return   # someone else was faster: follow it on the next round
+        self.took_over = False
         self.token = token
         self.leader_url = self.url
         self._saw_leader({"id": self.id, "url": self.url})
@@ -155,6 +183,8 @@ class Leadership:
                     self.session.endpoint, self.lease.id, self.config.lease_ttl_s)
         try:
             await self.on_elected()
+            # (no await before this: a long poll woken by the takeover answers as leader)
+            self.took_over = self.token == token
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -142,8 +142,9 @@ class ControllerServer:
 
     @property
     def leading(self) -> bool:
-        """True when this controller serves the API (always without etcd)."""
-        return self.ha is None or self.ha.is_leader
+        """True when this controller serves the API (always without etcd): elected, and its
+        registry restored from etcd (:attr:`Leadership.serves`)."""
+        return self.ha is None or self.ha.serves
 
     # -------------------------------------------------------------- lifecycle
     async def start(self, host: str | None = None, port: int | None = None) -> int:

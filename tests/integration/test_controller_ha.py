@@ -222,3 +222,54 @@ def test_tls_to_etcd(tmp_path):
     from motor.controller.etcd_store import credentials
     with pytest.raises(ConfigError, match="controller.etcd.tls.ca_file: cannot read"):
         credentials(bad_file)
+
+
+def test_a_new_leader_answers_no_table_until_it_restored_its_registry(etcd3, monkeypatch):
+    """Between its election and the registry read back from etcd, a leader answers 503 (no
+    leader yet), never its empty registry: a coordinator that polled it then dropped every
+    endpoint for a few ms and answered 503s (the etcd chaos test's kill -9, 2 of 624)."""
+    from motor.controller import etcd_store
+
+    real_load = etcd_store.load_state
+    gate = asyncio.Event()
+
+    async def slow_load(session):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return await real_load(session)
+
+    async def main() -> None:
+        cfg = _cfg(etcd3.endpoints, "/t5")
+        first = ControllerServer(cfg)
+        await first.start("127.0.0.1", 0)
+        client = Client(connect_timeout_s=1.0)
+        try:
+            await _leader([first])
+            status, _ = await client.post_json_bytes("127.0.0.1", first.port, "/v1/nodes/register",
+                                                     _reg("n1", ["a"]), 2.0)
+            assert status == 200
+            await first.stop()
+            monkeypatch.setattr(etcd_store, "load_state", slow_load)
+            second = ControllerServer(cfg)
+            await second.start("127.0.0.1", 0)
+            try:
+                deadline = time.monotonic() + 10
+                while not (second.ha is not None and second.ha.is_leader):
+                    assert time.monotonic() < deadline, "not elected"
+                    await asyncio.sleep(0.02)
+                # elected, the registry not restored yet
+                assert not second.leading
+                status, body = await client.get_json_bytes("127.0.0.1", second.port,
+                                                           "/v1/instances", 2.0)
+                assert status == 503, (status, body)
+                gate.set()
+                await _leader([second])
+                status, body = await client.get_json_bytes("127.0.0.1", second.port,
+                                                           "/v1/instances", 2.0)
+                assert status == 200
+                assert [i["id"] for i in orjson.loads(body)["instances"]] == ["a"]
+            finally:
+                gate.set()
+                await second.stop()
+        finally:
+            client.close()
+    asyncio.run(main())

@@ -180,6 +180,7 @@ def test_no_instance_no_engine_series_but_an_answer():
 def test_a_follower_redirects_the_engine_routes_and_the_page_to_the_leader():
     class Follower:
         is_leader = False
+        serves = False
         leader_url = "http://127.0.0.1:1"
 
     async def body(c: Cluster) -> None:
