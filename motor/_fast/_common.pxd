@@ -4,7 +4,11 @@
 Everything here is ``inline``: each module that cimports this file gets its own
 copy, there is no shared runtime object.
 """
+cimport cython
+from cpython.bytes cimport (PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize,
+                           PyBytes_GET_SIZE)
 from libc.stdint cimport uint32_t, uint64_t
+from libc.string cimport memcpy
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_FORMAT,
                              PyBUF_ND, PyBUF_STRIDES)
 
@@ -92,3 +96,34 @@ cdef inline int mf_get_uint_buffer(object obj, Py_buffer *view, Py_ssize_t items
         PyBuffer_Release(view)
         return MF_BUF_NOT_CONTIGUOUS
     return MF_BUF_OK
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef inline object mf_join(list parts):
+    """``b"".join(parts)``: one copy into a bytes object of the summed size.
+
+    ``bytes.join`` takes and releases a ``Py_buffer`` of every item (~100 instructions an
+    item; an HTTP head is 10-30 items); here the items are read in place when every one is
+    an exact ``bytes``, else ``bytes.join`` does it (a ``memoryview``, a ``bytearray``).
+    One item: that item itself, as ``bytes.join`` returns it."""
+    cdef Py_ssize_t n = len(parts)
+    cdef Py_ssize_t total = 0
+    cdef Py_ssize_t i, k
+    cdef object p
+    cdef char *out
+    if n == 1 and PyBytes_CheckExact(parts[0]):
+        return parts[0]
+    for i in range(n):
+        p = parts[i]
+        if not PyBytes_CheckExact(p):
+            return b"".join(parts)
+        total += PyBytes_GET_SIZE(p)
+    r = PyBytes_FromStringAndSize(NULL, total)
+    out = PyBytes_AS_STRING(r)
+    for i in range(n):
+        p = parts[i]
+        k = PyBytes_GET_SIZE(p)
+        memcpy(out, PyBytes_AS_STRING(p), k)
+        out += k
+    return r

@@ -25,6 +25,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.unicode cimport PyUnicode_DecodeLatin1
 from libc.string cimport memchr, memcmp, memcpy
 
+from motor._fast._common cimport mf_join
+
 from motor._fast.httpscan cimport (hs_header_line, hs_is_keep_alive, hs_length,
                                     hs_lower_name, hs_pchar)
 
@@ -346,7 +348,7 @@ cdef class Response:
         cdef list c = self._corked
         if c:
             self._corked = []
-            self._proto.write(c[0] if len(c) == 1 else _EMPTY.join(c))
+            self._proto.write(c[0] if len(c) == 1 else mf_join(c))
 
     cdef inline _out(self, data):
         if self._corked is not None:
@@ -366,7 +368,7 @@ cdef class Response:
         self._end_head(parts, headers)
         if not self.head:
             parts.append(body)
-        self._proto.write(_EMPTY.join(parts))
+        self._proto.write(mf_join(parts))
         if self.tap is not None:
             self.tap(body)
         self._proto.response_done(self)
@@ -390,7 +392,7 @@ cdef class Response:
         if content_type == b"text/event-stream":
             parts.append(b"cache-control: no-cache\r\n")
         self._end_head(parts, headers)
-        self._out(_EMPTY.join(parts))
+        self._out(mf_join(parts))
 
     def write(self, data):
         """Send one chunk at once (held back while corked). Empty data is ignored."""
@@ -705,7 +707,7 @@ cdef class HttpProtocol:
             n = PyBytes_GET_SIZE(url)
         body = self._body
         self._complete(method, url, self._headers,
-                       body[0] if len(body) == 1 else _EMPTY.join(body),
+                       body[0] if len(body) == 1 else mf_join(body),
                        parser.should_keep_alive(), parser.get_http_version() == _HTTP10)
 
     # -- internals ----------------------------------------------------------

@@ -31,6 +31,8 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.string cimport memcmp
 
+from motor._fast._common cimport mf_join
+
 from motor._fast.httpscan cimport (hs_header_line, hs_is_keep_alive, hs_is_word,
                                     hs_length, hs_lower_name, hs_vchar)
 
@@ -466,7 +468,7 @@ cdef class Conn:
         woken. While it takes, the reader's wait bound (the idle timeout) counts from the
         last piece, as when the reader takes each piece itself."""
         cdef list chunks = self.chunks
-        data = chunks[0] if len(chunks) == 1 else _EMPTY.join(chunks)
+        data = chunks[0] if len(chunks) == 1 else mf_join(chunks)
         self.chunks = []
         self.buffered = 0
         self.pumped += 1
@@ -662,7 +664,7 @@ cdef class UpstreamResponse:
             if len(chunks) == 1:
                 data = chunks[0]
             else:
-                data = _EMPTY.join(chunks)
+                data = mf_join(chunks)
             c.chunks = []
             c.buffered = 0
             if c.paused and c.transport is not None:
@@ -743,7 +745,7 @@ cdef class UpstreamResponse:
         while True:
             data = self._step()
             if data is None:
-                return _EMPTY.join(parts)
+                return mf_join(parts)
             if data is not _WAIT:
                 parts.append(data)
                 continue
@@ -943,7 +945,7 @@ cdef class Pool:
             head.append(b"\r\n")
         head.append(b"\r\n")
         head.append(body)
-        data = _EMPTY.join(head)
+        data = mf_join(head)
         for attempt in range(2):
             conn = self._pop_idle()
             if conn is not None:

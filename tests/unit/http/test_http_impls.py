@@ -65,6 +65,13 @@ def make_router(log: list[Any]) -> Router:
             resp.end()
         resp.end(b"again")                           # ignored: finished
 
+    @r.get("/send-views")
+    async def send_views(req, resp):
+        # not bytes: a head and body joined by bytes.join, not the compiled exact-bytes join
+        kind = req.query_params().get("kind", "memoryview")
+        body = memoryview(b"mv-body") if kind == "memoryview" else bytearray(b"ba-body")
+        resp.send(200, body, headers=((b"x-view", bytearray(b"ba")),))
+
     @r.get("/plain")
     async def plain(req, resp):
         resp.start(201, content_type=b"text/plain")
@@ -137,6 +144,9 @@ CASES: dict[str, tuple[bytes, list[int]]] = {
                   b"GET /info HTTP/1.1\r\n" + H + CL + b"\r\n", [200, 200, 200, 200]),
     "chunked-body": (b"POST /echo HTTP/1.1\r\n" + H + CL + b"transfer-encoding: chunked\r\n\r\n"
                      b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", [200]),
+    "send-memoryview": (b"GET /send-views HTTP/1.1\r\n" + H + CL + b"\r\n", [200]),
+    "send-bytearray": (b"GET /send-views?kind=bytearray HTTP/1.1\r\n" + H + CL + b"\r\n",
+                       [200]),
     "stream": (b"GET /stream HTTP/1.1\r\n" + H + b"\r\nGET /taps HTTP/1.1\r\n" + H + CL + b"\r\n",
                [200, 200]),
     "stream-end-empty": (b"GET /stream?end=none HTTP/1.1\r\n" + H + CL + b"\r\n", [200]),
