@@ -266,7 +266,9 @@ class EndpointState:
         self.breaker.failure(certain)
 
     def succeeded(self) -> None:
-        self.breaker.success()
+        b = self.breaker
+        if b.failures or b.state != CLOSED or b.probe_inflight:   # else nothing to reset
+            b.success()
 
     def evict_waiting(self, why: str) -> None:
         """End the attempts on this endpoint still waiting for their answer's head (those

@@ -167,6 +167,10 @@ class UnionPath(RequestPath):
         self.s = settings
         self.table = table
         self.policy = policy
+        #: ``policy.routed`` when the policy has one of its own (kv_affinity: the approximate
+        #: index, sessions); ``None`` for the base class's no-op: no call per attempt
+        self._routed: Callable[[EndpointState, RequestInfo], None] | None = \
+            policy.routed if type(policy).routed is not Policy.routed else None
         table.configure_caps(settings.max_inflight_per_instance, settings.shed_waiting,
                              settings.slot_wait_s, settings.engine_max_age_s)
 
@@ -377,7 +381,8 @@ class UnionPath(RequestPath):
             lease.release()
             return Retry(f"{ep.url} at its limit of {ep.max_inflight} requests in flight",
                          busy=True)
-        self.policy.routed(ep, info)
+        if self._routed is not None:
+            self._routed(ep, info)
         if self.policy.learns_ttft:
             lease.watch(self.policy.watch(ep, info))
         handed = False
