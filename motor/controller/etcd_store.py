@@ -71,6 +71,8 @@ class EtcdSession:
         self.endpoints = config.addresses
         self._i = 0
         self._client: Any = None
+        #: :meth:`close` was called: no new client is opened (a call fails, EtcdUnavailable)
+        self._closed = False
         #: member (``HOST:PORT``) -> whether the last request sent to it succeeded (members
         #: not tried yet are absent)
         self.health: dict[str, bool] = {}
@@ -88,6 +90,8 @@ class EtcdSession:
 
     async def _connected(self) -> Any:
         if self._client is None:
+            if self._closed:
+                raise EtcdUnavailable("the etcd session is closed")
             import aetcd
             host, _, port = self.endpoint.rpartition(":")
             if self.config.tls is None:
@@ -154,6 +158,9 @@ class EtcdSession:
         return aetcd.Transactions()
 
     async def close(self) -> None:
+        """Close the client; later calls fail (:class:`EtcdUnavailable`) instead of opening
+        another (a task left behind by :meth:`Leadership.stop` cannot reach etcd again)."""
+        self._closed = True
         await self._drop()
 
 

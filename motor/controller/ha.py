@@ -87,6 +87,7 @@ class Leadership:
         return self.took_over and self.is_leader
 
     def start(self) -> None:
+        self._stopping = False
         self._task = asyncio.create_task(self._run(), name="controller election")
 
     async def stop(self) -> None:
@@ -95,14 +96,18 @@ class Leadership:
         The election task is cancelled, and also told to end (:attr:`_stopping`): on Python
         3.11 ``asyncio.wait_for`` returns its inner call's outcome when the cancellation
         lands in the same loop turn as that call ending, so a cancellation can be lost in an
-        etcd call that just failed, and the loop would retry forever. The wait for the task
-        is bounded (``STOP_WAIT_S``) for the same reason."""
+        etcd call that just failed, and the loop would retry forever. For the same reason the
+        task is cancelled again every 0.1 s while it runs, for at most ``STOP_WAIT_S``; a
+        task still running then is left behind, and the session's close keeps it from
+        reaching etcd again."""
         self._stopping = True
         if self._task is not None:
             task, self._task = self._task, None
-            task.cancel()
-            done, _ = await asyncio.wait({task}, timeout=STOP_WAIT_S)
-            if not done:
+            deadline = time.monotonic() + STOP_WAIT_S
+            while not task.done() and (left := deadline - time.monotonic()) > 0:
+                task.cancel()
+                await asyncio.wait({task}, timeout=min(0.1, left))
+            if not task.done():
                 logger.warning("controller %s: the election task did not end within %g s of "
                                "its cancellation; left behind", self.url, STOP_WAIT_S)
                 task.add_done_callback(lambda t: t.cancelled() or t.exception())

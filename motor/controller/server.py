@@ -208,16 +208,20 @@ class ControllerServer:
 
     async def _check_loop(self) -> None:
         period = max(0.05, min(1.0, self.config.heartbeat_timeout_s / 10))
-        was_leader = self.leading
+        # the lease's validity by this clock (Leadership.is_leader), not `leading`: a leader
+        # re-elected between two turns is not serving yet during its takeover, and that
+        # must not read as its lease running out
+        held = self.ha is not None and self.ha.is_leader
         while True:
             await asyncio.sleep(period)
             if self.tls_files is not None:
                 self.tls_files.check_every(time.monotonic())
             lead = self.leading
             self.metrics.is_leader.set(1 if lead else 0)
-            if self.ha is not None and was_leader and not lead:
+            now_held = self.ha is not None and self.ha.is_leader
+            if self.ha is not None and held and not now_held:
                 self.ha.step_down("lease no longer valid by this controller's clock")
-            was_leader = lead
+            held = now_held
             if not lead:
                 continue
             try:

@@ -140,21 +140,29 @@ def test_frozen_leader_is_replaced_and_fenced(etcd3):
     asyncio.run(main())
 
 
+async def _registered_then_stopped(cfg: ControllerConfig, client: Client) -> int:
+    """A controller of ``cfg`` leads, node n1 registers instance a through its API, and it
+    stops (its lease revoked); returns the registry's version it reached."""
+    first = ControllerServer(cfg)
+    await first.start("127.0.0.1", 0)
+    try:
+        await _leader([first])
+        status, _ = await client.post_json_bytes("127.0.0.1", first.port, "/v1/nodes/register",
+                                                 _reg("n1", ["a"]), 2.0)
+        assert status == 200
+        return first.registry.version
+    finally:
+        await first.stop()
+
+
 def test_restarted_controller_recovers_its_state(etcd3):
     """One controller with etcd: after a restart the table is there at once (no warm-up, no
     re-registration needed), and heartbeats from the node are known."""
     async def main() -> None:
         cfg = _cfg(etcd3.endpoints, "/t3")
-        first = ControllerServer(cfg)
-        await first.start("127.0.0.1", 0)
         client = Client(connect_timeout_s=1.0)
         try:
-            await _leader([first])
-            status, _ = await client.post_json_bytes("127.0.0.1", first.port, "/v1/nodes/register",
-                                                     _reg("n1", ["a"]), 2.0)
-            assert status == 200
-            v1 = first.registry.version
-            await first.stop()
+            v1 = await _registered_then_stopped(cfg, client)
             second = ControllerServer(cfg)
             await second.start("127.0.0.1", 0)
             try:
@@ -239,15 +247,9 @@ def test_a_new_leader_answers_no_table_until_it_restored_its_registry(etcd3, mon
 
     async def main() -> None:
         cfg = _cfg(etcd3.endpoints, "/t5")
-        first = ControllerServer(cfg)
-        await first.start("127.0.0.1", 0)
         client = Client(connect_timeout_s=1.0)
         try:
-            await _leader([first])
-            status, _ = await client.post_json_bytes("127.0.0.1", first.port, "/v1/nodes/register",
-                                                     _reg("n1", ["a"]), 2.0)
-            assert status == 200
-            await first.stop()
+            await _registered_then_stopped(cfg, client)
             monkeypatch.setattr(etcd_store, "load_state", slow_load)
             second = ControllerServer(cfg)
             await second.start("127.0.0.1", 0)
