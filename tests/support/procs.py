@@ -50,8 +50,17 @@ def _port_window(n: int) -> tuple[int, int]:
     return 1024, 65535 - n
 
 
+#: every port :func:`free_ports` returned in this process: never returned again (two calls
+#: for one config, e.g. the controller's port and then an engine's consecutive ports, probe
+#: ports that are all free until something binds them, so the second call could hand out a
+#: port of the first: a CI run's cluster config was refused for a port "also used by
+#: controller.port")
+_GIVEN: set[int] = set()
+
+
 def free_ports(n: int, consecutive: bool = False) -> list[int]:
-    """``n`` ports free on 127.0.0.1 now (consecutive when asked), outside the ephemeral range.
+    """``n`` ports free on 127.0.0.1 now (consecutive when asked), outside the ephemeral range,
+    and none returned by an earlier call in this process.
 
     Raises RuntimeError when 200 random tries found none.
     """
@@ -60,12 +69,15 @@ def free_ports(n: int, consecutive: bool = False) -> list[int]:
         base = random.randint(first, last)
         ports = list(range(base, base + n)) if consecutive else \
             sorted(random.sample(range(first, last + n), n))
+        if not _GIVEN.isdisjoint(ports):
+            continue
         socks = []
         try:
             for p in ports:
                 s = socket.socket()
                 socks.append(s)
                 s.bind(("127.0.0.1", p))
+            _GIVEN.update(ports)
             return ports
         except OSError:
             continue
