@@ -49,9 +49,10 @@ def _is_transport_error(e: BaseException) -> bool:
         isinstance(e, aetcd.ClientError) and "unavailable" in str(e).lower())
 
 
-def _retrieve(t: asyncio.Future[Any]) -> None:
-    """Done callback: read a closing task's outcome (closing a broken channel may fail:
-    nothing to do about it, and no "exception never retrieved" at exit)."""
+def retrieve_outcome(t: asyncio.Future[Any]) -> None:
+    """Done callback of a task nobody awaits (a channel's close, an election task left
+    behind): read its outcome, so a failure there (nothing to do about it) is not logged as
+    "exception never retrieved" at exit."""
     if not t.cancelled():
         t.exception()
 
@@ -111,7 +112,7 @@ class EtcdSession:
             # bounded with asyncio.wait, not wait_for: on Python 3.11 wait_for's timeout waits
             # for the cancelled close to end, and a gRPC channel's close may not
             t = asyncio.ensure_future(c.close())
-            t.add_done_callback(_retrieve)
+            t.add_done_callback(retrieve_outcome)
             done, _ = await asyncio.wait({t}, timeout=1.0)
             if not done:
                 t.cancel()

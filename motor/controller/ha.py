@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 
 from motor.config.schema import EtcdConfig
 from motor.controller.etcd_store import (EtcdSession, EtcdUnavailable, Lease, campaign,
-                                         read_leader)
+                                         read_leader, retrieve_outcome)
 
 logger = logging.getLogger(__name__)
 
@@ -110,10 +110,9 @@ class Leadership:
             if not task.done():
                 logger.warning("controller %s: the election task did not end within %g s of "
                                "its cancellation; left behind", self.url, STOP_WAIT_S)
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())
-            elif not task.cancelled() and task.exception() is not None:
-                logger.warning("controller %s: the election task ended with %r", self.url,
-                               task.exception())
+                task.add_done_callback(retrieve_outcome)
+            elif not task.cancelled() and (e := task.exception()) is not None:
+                logger.warning("controller %s: the election task ended with %r", self.url, e)
         self.took_over = False
         if self.token is not None:
             self.token = None
