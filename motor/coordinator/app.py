@@ -33,6 +33,15 @@ async def _housekeeping(coord: Coordinator, cert_reloader: CertReloader | None,
         coord.edge.housekeeping()
 
 
+async def _publish_ready(coord: Coordinator) -> None:
+    """With several workers: this worker's readiness row, every ``READY_PUBLISH_S``
+    (:meth:`Coordinator.publish_ready`; any worker's ``/readiness`` reads every row)."""
+    from motor.coordinator.loadtable import READY_PUBLISH_S
+    while True:
+        coord.publish_ready()
+        await asyncio.sleep(READY_PUBLISH_S)
+
+
 async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
                 controller_url: str | None = None, stop: asyncio.Event | None = None,
                 ready_file: str | None = None, reuse_port: bool = False,
@@ -95,6 +104,7 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     if source is not None:
         tasks.append(asyncio.ensure_future(source.run()))
     link = None
+    publisher: asyncio.Task[None] | None = None
     if shm is not None:
         from motor._fast.ring import Ring
         from motor.coordinator.loadtable import LoadTable
@@ -109,7 +119,10 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
             policy.on_session = link.session_routed  # type: ignore[attr-defined]
         if source is None:
             coord.ready_source = link.synced
+        coord.workers = load
         tasks.append(asyncio.ensure_future(link.run()))
+        publisher = asyncio.ensure_future(_publish_ready(coord))
+        tasks.append(publisher)
         await link.synced.wait()   # the feed's snapshot, before the first request
         logger.info("coordinator worker %d synced with the feed (%d slot(s))", worker_index,
                     len(link.slots))
@@ -152,6 +165,10 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
         except (NotImplementedError, RuntimeError):  # pragma: no cover
             pass
     await stop.wait()
+    coord.draining = True    # /readiness answers 503 from now on (on every worker's port)
+    if publisher is not None:
+        await cancel_and_wait(publisher)
+        coord.publish_ready()
     logger.info("coordinator stopping: draining %d in-flight request(s)", server.inflight)
     await server.shutdown(drain_timeout_s=c.drain_timeout_s)
     coord.close()       # after the drain: the last requests' spans are flushed

@@ -11,10 +11,13 @@ created by the supervisor, attached by every worker and by the feed::
     eng_seq  uint64[n_slots]                   seqlock of the engine figures (feed writes)
     engine   float64[n_slots, 4]               waiting, running, KV cache usage (0..1),
                                                scrape time (unix seconds; 0: never scraped)
+    ready    int64[n_workers, 2]               each worker's readiness: synced (1 / 0),
+                                               endpoints it routes to now
 
 Writers, no locks:
 
-* worker ``w`` writes only row ``w`` of ``row_gen`` and ``load`` (single writer per cell);
+* worker ``w`` writes only row ``w`` of ``row_gen``, ``load`` and ``ready`` (single
+  writer per cell);
 * the feed is the one authority on instance slots: it assigns a slot to an endpoint key
   and bumps ``gen[slot]`` when the endpoint leaves, before the slot is reused;
 * the feed writes the engine figures of a slot between two increments of
@@ -34,7 +37,13 @@ workers whose ``row_gen`` equals the generation they ask for.
 
 A worker that died is replaced with its row reset (:meth:`LoadTable.reset_row`, called by
 the supervisor before the new worker starts): the dead worker's in-flight load is gone
-with it.
+with it, and its readiness reads "not synced" until the new worker publishes its own.
+
+Readiness (:meth:`LoadTable.publish_ready`, :meth:`LoadTable.readiness`): with several
+workers on one port a client's connection lands on any of them, so the coordinator is
+ready only when every worker is. Each worker publishes whether its table is synced and
+how many endpoints it routes to now (every :data:`READY_PUBLISH_S`, and on each
+``/readiness`` it answers); any worker's ``/readiness`` answers from all the rows.
 
 The cells :meth:`LoadTable.cell` makes, and :meth:`LoadTable.totals`, are compiled
 (:mod:`motor._fast.loadcell`: same words, same rules, a few loads and stores where the
@@ -68,7 +77,7 @@ except ImportError:  # pragma: no cover - the extension is not built
     _loadcell = None  # type: ignore[assignment]
 
 MAGIC = 0x6D6F746F726C6474  # "motorldt"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 HEADER_WORDS = 8
 #: load columns
 INFLIGHT, TOKENS, PREFILL, DECODE = 0, 1, 2, 3
@@ -76,11 +85,16 @@ N_LOAD = 4
 #: engine-figure columns
 WAITING, RUNNING, KV_USAGE, SCRAPED_AT = 0, 1, 2, 3
 N_ENGINE = 4
+#: readiness columns
+SYNCED, ROUTABLE = 0, 1
+N_READY = 2
+#: how often a worker publishes its readiness row (seconds)
+READY_PUBLISH_S = 0.1
 
 
 def _size(n_workers: int, n_slots: int) -> int:
     words = (HEADER_WORDS + n_slots + n_workers * n_slots + n_workers * n_slots * N_LOAD
-             + n_slots + n_slots * N_ENGINE)
+             + n_slots + n_slots * N_ENGINE + n_workers * N_READY)
     return 8 * words
 
 
@@ -114,6 +128,8 @@ class LoadTable:
         self.eng_seq = np.frombuffer(mm, np.uint64, ns, off)
         off += 8 * ns
         self.engine = np.frombuffer(mm, np.float64, ns * N_ENGINE, off).reshape(ns, N_ENGINE)
+        off += 8 * ns * N_ENGINE
+        self.ready = np.frombuffer(mm, np.int64, nw * N_READY, off).reshape(nw, N_READY)
         # flat memoryviews: scalar access without numpy's per-item overhead (hot path)
         self._gen_mv = memoryview(mm)[8 * HEADER_WORDS:8 * (HEADER_WORDS + ns)].cast("Q")
         base = 8 * (HEADER_WORDS + ns)
@@ -170,7 +186,7 @@ class LoadTable:
         """Unmap (the arrays of this object are unusable afterwards)."""
         if self._mm.closed:
             return
-        for a in ("gen", "row_gen", "load", "eng_seq", "engine"):
+        for a in ("gen", "row_gen", "load", "eng_seq", "engine", "ready"):
             setattr(self, a, None)
         if self._cmap is not None:
             self._cmap.release()   # the compiled cells raise ValueError from now on
@@ -198,10 +214,23 @@ class LoadTable:
 
     # -- rows (supervisor / workers) -------------------------------------------------
     def reset_row(self, worker: int) -> None:
-        """Forget everything worker ``worker`` counted (it died; call before its successor
-        starts, so there is a single writer)."""
+        """Forget everything worker ``worker`` counted and published (it died; call
+        before its successor starts, so there is a single writer)."""
         self.load[worker] = 0
         self.row_gen[worker] = 0
+        self.ready[worker] = 0
+
+    def publish_ready(self, worker: int, synced: bool, routable: int) -> None:
+        """Worker ``worker``'s readiness: its table is ``synced``, it routes to
+        ``routable`` endpoints now."""
+        row = self.ready[worker]
+        row[ROUTABLE] = routable
+        row[SYNCED] = 1 if synced else 0
+
+    def readiness(self) -> list[tuple[bool, int]]:
+        """(synced, routable endpoints) of every worker, by index, as last published
+        (a worker that has not published yet, or died: ``(False, 0)``)."""
+        return [(bool(s), int(r)) for s, r in self.ready.tolist()]
 
     def cell(self, worker: int, slot: int, gen: int) -> LoadCell:
         """Worker ``worker``'s cell of ``slot`` at generation ``gen``: the compiled

@@ -34,6 +34,7 @@ from motor.config.schema import CoordinatorConfig, DeploymentMode
 from motor.coordinator import probes
 from motor.coordinator.edge import Edge
 from motor.coordinator.endpoints import EndpointTable
+from motor.coordinator.loadtable import LoadTable
 from motor.coordinator.metrics import render_metrics
 from motor.coordinator.observe import Observer, observer
 from motor.coordinator.policy import Policy
@@ -52,7 +53,9 @@ class Coordinator:
 
     ``ready_source``: set by whoever fills the endpoint table (controller watcher, static
     backends, the feed link); ``/readiness`` says ready once it is set and some endpoint
-    is routable.
+    is routable (and the worker is not ``draining``). ``workers``: with several workers, the shared table where each publishes
+    its readiness (:meth:`publish_ready`); ``/readiness`` then says ready only when every
+    worker is, and ``routable_endpoints`` is the fewest any worker routes to.
     """
 
     def __init__(self, cfg: CoordinatorConfig, table: EndpointTable, policy: Policy,
@@ -73,6 +76,10 @@ class Coordinator:
         R = ObservedRoute if self.observer is not None else Route
         table.configure_breakers(cfg.breaker)
         self.ready_source: asyncio.Event | None = None
+        self.worker_index = worker_index
+        self.workers: LoadTable | None = None
+        #: set when the worker stops: it drains, and reads as not synced
+        self.draining = False
         #: the union path (also the PD modes' fallback and the passed-through routes' path)
         self.union = UnionPath(self.settings, table, policy)
         self.path: RequestPath = make_path(cfg, self.settings, table, policy, self.union)
@@ -147,9 +154,24 @@ class Coordinator:
         now = time.monotonic()
         return sum(1 for e in self.table.endpoints.values() if e.routable(now))
 
+    def publish_ready(self) -> tuple[bool, int]:
+        """This worker's (synced, routable endpoints), written to ``workers`` when set."""
+        synced = not self.draining and (self.ready_source is None
+                                        or self.ready_source.is_set())
+        routable = self.routable_count()
+        if self.workers is not None:
+            self.workers.publish_ready(self.worker_index, synced, routable)
+        return synced, routable
+
     async def _on_readiness(self, req: Request, resp: Response) -> None:
-        synced = self.ready_source is None or self.ready_source.is_set()
-        probes.readiness(resp, self.routable_count(), synced)
+        synced, routable = self.publish_ready()
+        if self.workers is None:
+            probes.readiness(resp, routable, synced)
+            return
+        rows = self.workers.readiness()
+        probes.readiness(resp, min(r for _, r in rows), all(s for s, _ in rows),
+                         workers_synced=[s for s, _ in rows],
+                         workers_routable=[r for _, r in rows])
 
     async def _on_metrics(self, req: Request, resp: Response) -> None:
         resp.send(200, render_metrics(),

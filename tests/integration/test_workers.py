@@ -41,6 +41,11 @@ def test_two_workers_share_the_port_and_survive_kill9(tmp_path):
     try:
         wait_http(f"http://127.0.0.1:{sim}/health")
         wait_http(f"http://127.0.0.1:{gw}/readiness")
+        # ready means every worker is: whichever answers, both rows are ready
+        with urllib.request.urlopen(f"http://127.0.0.1:{gw}/readiness", timeout=5) as r:
+            ready = json.loads(r.read())
+        assert ready["workers_synced"] == [True, True]
+        assert ready["workers_routable"] == [1, 1]
         pids = set()
         deadline = time.monotonic() + 20
         while len(pids) < 2 and time.monotonic() < deadline:
@@ -67,6 +72,7 @@ def test_two_workers_share_the_port_and_survive_kill9(tmp_path):
             except OSError:
                 pass
         assert new - pids - {victim}, "the killed worker was replaced by a new process"
+        wait_http(f"http://127.0.0.1:{gw}/readiness")   # the new worker published its row
         assert requests_total(gw) >= 40 + ok  # the dead worker's counts are kept
     finally:
         for p in procs:
