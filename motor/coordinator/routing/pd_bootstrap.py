@@ -14,6 +14,11 @@ P or D leaving the routable set before its answer's head (evicted) ends the pair
 the pair shares a bootstrap room, so neither leg can move alone; while nothing reached the
 client a new pair (a new room) is chosen, at most ``retries.max_attempts`` pairs, then 502.
 P of a streamed request is not evicted: D's stream head may have reached the client first.
+The same holds for a pair whose P refused or reset the connection, or whose P or D answered
+a retryable status (``retries.retry_statuses``, or a 5xx with ``Retry-After``) before
+anything reached the client: a new pair, avoiding the instances that failed while others
+are routable; the last pair's failure is the client's answer (P's 502, the engine's own
+status and body).
 """
 from __future__ import annotations
 
@@ -27,12 +32,24 @@ import orjson
 
 from motor.coordinator.endpoints import EndpointState, Lease
 from motor.coordinator.metrics import PD_PREFILL, PD_REQUESTS, RETRIES
+from motor.coordinator.recovery import retryable_status
 from motor.coordinator.routing.base import (PREFILL, engine_error_body, note_status, read_whole,
                                             transport_failed)
 from motor.coordinator.routing.pd_common import Ctx, LegEvicted, LegFailed, PdPath, failed_outcome
 from motor.http.client import UpstreamEvicted
 
 logger = logging.getLogger(__name__)
+
+
+def _repairable(e: LegFailed, ep: EndpointState, reason: str, outcome: str) -> LegFailed:
+    """``e`` marked for another pair (:meth:`Bootstrap.run`): the instance that failed,
+    the ``motor_coordinator_retries_total`` reason, and the
+    ``motor_coordinator_pd_requests_total`` outcome counted if no pair serves it."""
+    e.repairable = True
+    e.ep = ep
+    e.retry_reason = reason
+    e.outcome = outcome
+    return e
 
 
 def new_room() -> int:
@@ -105,40 +122,52 @@ class Bootstrap(PdPath):
         return None
 
     async def run(self, ctx: Ctx) -> None:
-        """Run a pair; when one of its legs is evicted (its instance left the routable set
-        before its answer's head: :class:`LegEvicted`) while nothing reached the client,
-        run a new pair (a new room), at most ``retries.max_attempts`` pairs in all."""
+        """Run a pair; when one of its legs failed in a way another pair may not
+        (:attr:`LegFailed.repairable`: evicted, :class:`LegEvicted`; P's connection refused
+        or reset; a retryable status) while nothing reached the client, run a new pair (a
+        new room) that avoids the failed instances, at most ``retries.max_attempts`` pairs
+        in all."""
         s = self.s
+        avoid: set[EndpointState] = set()
         for attempt in range(s.max_attempts):
             if attempt:
                 await s.pause(attempt)
+            last = attempt + 1 >= s.max_attempts
             try:
-                await self._pair(ctx)
+                await self._pair(ctx, avoid, last)
                 return
-            except LegEvicted as e:
-                if attempt + 1 >= s.max_attempts or ctx.resp.started:
-                    PD_REQUESTS.labels(self.name, f"{e.leg}_failed").inc()
+            except LegFailed as e:
+                if not e.repairable or last or ctx.resp.started:
+                    if isinstance(e, LegEvicted):
+                        PD_REQUESTS.labels(self.name, f"{e.leg}_failed").inc()
+                    elif e.outcome is not None:
+                        PD_REQUESTS.labels(self.name, e.outcome).inc()
                     raise
-                RETRIES.labels("endpoint_left").inc()
+                if e.ep is not None:
+                    avoid.add(e.ep)
+                RETRIES.labels(e.retry_reason).inc()
                 logger.debug("pd_bootstrap: %s; the pair is chosen again", e.message)
 
-    async def _pair(self, ctx: Ctx) -> None:
+    async def _pair(self, ctx: Ctx, avoid: set[EndpointState], last: bool) -> None:
+        """One pair. ``avoid``: instances of earlier pairs of this request that failed
+        (chosen only when no other is routable); ``last``: no pair follows, so a D's
+        retryable status is relayed as it is."""
         # both legs run at once: the pair is taken with room on both sides (a P slot held
         # while waiting for a D slot held by a request waiting for a P slot never happens)
         plan = await self.plan(ctx)
         # P's in-flight prefill counts what P computes: the planned pair's uncached tokens,
         # else what the prefill policy found uncached there (the prompt when unknown)
-        if plan is not None and plan.p is not None:
+        if plan is not None and plan.p is not None and plan.p not in avoid:
             p_ep: EndpointState | None = plan.p
             work = plan.p_uncached
             if self.table.gated:
                 ps, _ = await self.room_pair(ctx.model, False)
                 if p_ep not in ps:
-                    p_ep = self.pick(PREFILL, ctx, set(), ps)
+                    p_ep = self.pick(PREFILL, ctx, avoid, ps)
                     work = ctx.info.prefill_tokens
         else:
             ps, _ = await self.room_pair(ctx.model, False)
-            p_ep = self.pick(PREFILL, ctx, set(), ps)
+            p_ep = self.pick(PREFILL, ctx, avoid, ps)
             work = ctx.info.prefill_tokens
         if p_ep is None:
             raise LegFailed(503, "no prefill instance is ready")
@@ -153,7 +182,7 @@ class Bootstrap(PdPath):
                            "applies", p_ep.url)
         body = orjson.dumps(with_bootstrap(ctx.body, p_ep.host, port))
         p_task = asyncio.ensure_future(self._prefill_leg(ctx, p_ep, body, lease))
-        d_task = asyncio.ensure_future(self.open_decode(ctx, body, set(), retry=True))
+        d_task = asyncio.ensure_future(self.open_decode(ctx, body, set(avoid), retry=True))
         try:
             done, _ = await asyncio.wait({p_task, d_task}, return_when=asyncio.FIRST_COMPLETED)
             if d_task not in done:
@@ -171,6 +200,9 @@ class Bootstrap(PdPath):
                         err = p_task.exception()
                         assert err is not None
                         raise err
+                    if not last and up.status >= 400 and not ctx.resp.started and \
+                            retryable_status(up.status, up.headers, self.s.retry_statuses):
+                        raise await self._decode_refused(ep, up)
                     await self.answer_decode(ctx, ep, up, None, time.perf_counter())
                 finally:
                     up.close()
@@ -178,6 +210,22 @@ class Bootstrap(PdPath):
             await self.end_legs(p_task, d_task)
             self.drop_decode(d_task)   # D answered the turn the request ended
             lease.release()            # P's task may have been cancelled before it ran
+
+    async def _decode_refused(self, ep: EndpointState, up: Any) -> LegFailed:
+        """D answered a retryable status before anything reached the client: its answer
+        read (bounded by the idle timeout) and dropped, the failure for :meth:`run` to
+        choose another pair."""
+        note_status(ep, up.status)
+        data = up.read_now()
+        if data is None:
+            try:
+                async with up:
+                    data = await read_whole(up, self.s.idle_timeout_s)
+            except (TimeoutError, OSError):
+                data = b""
+        e = LegFailed(up.status, f"decode instance {ep.instance_id} answered {up.status}",
+                      engine_error_body(up.status, data))
+        return _repairable(e, ep, f"status_{up.status}", failed_outcome("decode", up.status))
 
     async def _prefill_leg(self, ctx: Ctx, ep: EndpointState, body: bytes,
                            lease: Lease) -> None:
@@ -207,20 +255,27 @@ class Bootstrap(PdPath):
                     raise LegEvicted("prefill", ep, e.reason) from None
                 if not isinstance(e, (TimeoutError, ConnectionError, OSError)):
                     raise
-                transport_failed(ep, e)      # breaker and upstream_errors, as every leg
-                PD_REQUESTS.labels(self.name, "prefill_failed").inc()
-                if isinstance(e, TimeoutError):
+                reason = transport_failed(ep, e)  # breaker and upstream_errors, as every leg
+                if reason is None or (isinstance(e, TimeoutError) and reason == "closed"):
+                    # a timeout once connected: P may be working on it (as the union path)
+                    PD_REQUESTS.labels(self.name, "prefill_failed").inc()
                     raise LegFailed(504, f"prefill instance {ep.instance_id} did not answer "
                                          f"within {getattr(e, 'timeout_s', self.prefill_timeout_s):g}"
                                          f" s") from None
-                raise LegFailed(502, f"prefill instance {ep.instance_id} failed: "
-                                     f"{type(e).__name__}: {e}") from None
+                # refused or reset: another pair may serve it (run), counted when none does
+                raise _repairable(LegFailed(502, f"prefill instance {ep.instance_id} failed: "
+                                                 f"{type(e).__name__}: {e}"),
+                                  ep, reason, "prefill_failed") from None
         if obs is not None:
             obs.end(span, {"http.response.status_code": status},
                     str(status) if status >= 500 else None)
         note_status(ep, status)
         if status >= 400:
+            failure = LegFailed(status, f"prefill instance {ep.instance_id} answered {status}",
+                                engine_error_body(status, data))
+            if retryable_status(status, up.headers, self.s.retry_statuses):
+                raise _repairable(failure, ep, f"status_{status}",
+                                  failed_outcome("prefill", status))
             PD_REQUESTS.labels(self.name, failed_outcome("prefill", status)).inc()
-            raise LegFailed(status, f"prefill instance {ep.instance_id} answered {status}",
-                            engine_error_body(status, data))
+            raise failure
         PD_PREFILL.labels(self.name).observe(time.perf_counter() - t)

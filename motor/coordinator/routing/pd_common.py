@@ -64,6 +64,16 @@ class LegFailed(Exception):
         self.body = body if body is not None else error_body(status, message)
         #: seconds for a ``Retry-After`` header (every instance at its cap), None: none
         self.retry_after_s = retry_after_s
+        #: ``pd_bootstrap``: another pair may serve the request (the leg's instance refused
+        #: or reset the connection, or answered a retryable status), so the pair is chosen
+        #: again while nothing reached the client and attempts remain
+        self.repairable = False
+        #: a repairable failure: the instance that failed (the next pair avoids it), the
+        #: ``motor_coordinator_retries_total`` reason of the next pair, and the
+        #: ``motor_coordinator_pd_requests_total`` outcome counted if no pair serves it
+        self.ep: EndpointState | None = None
+        self.retry_reason = "endpoint_left"
+        self.outcome: str | None = None
 
 
 class LegEvicted(LegFailed):
@@ -74,6 +84,7 @@ class LegEvicted(LegFailed):
     def __init__(self, leg: str, ep: EndpointState, reason: str) -> None:
         super().__init__(502, f"{leg} instance {ep.instance_id} left: {reason}")
         self.leg = leg
+        self.repairable = True
 
 
 class Ctx:
