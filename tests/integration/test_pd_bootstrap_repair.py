@@ -96,3 +96,81 @@ async def test_a_prefill_that_refuses_connections_is_avoided_by_the_next_pair() 
     finally:
         c.sims.remove(dead)
         await c.stop()
+
+
+@pytest.mark.parametrize("kind", ["no_body", "sse_forever"])
+@run_async
+async def test_a_decode_refusal_whose_body_never_ends_is_not_waited_for(kind: str) -> None:
+    """A D answering 503 with a body that never comes (or an error stream that never ends):
+    the body is never relayed (another pair follows), so the next pair answers at once
+    instead of the request waiting for that body (helper-15's review)."""
+    import asyncio
+
+    from motor.config.schema import Role
+    from motor.sim.engine import EngineConfig
+    from motor.sim.options import PdOptions, SimOptions
+    from motor.sim.server import SimServer
+    from tests.support.gateway import Gateway
+
+    hits: list[bytes] = []
+
+    async def refusing_decode(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await r.readuntil(b"\r\n\r\n")
+                n = 0
+                for h in head.split(b"\r\n")[1:]:
+                    if h.lower().startswith(b"content-length:"):
+                        n = int(h.split(b":")[1])
+                await r.readexactly(n)
+                path = head.split(b"\r\n")[0].split()[1]
+                if not path.startswith(b"/v1/completions"):
+                    w.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}")
+                    await w.drain()
+                    continue
+                hits.append(path)
+                if kind == "no_body":
+                    w.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: "
+                            b"application/json\r\ncontent-length: 100\r\n\r\n")
+                    await w.drain()
+                    await asyncio.sleep(30)
+                else:
+                    w.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: "
+                            b"text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+                    for _ in range(100):
+                        ev = b'data: {"error":{"message":"overloaded","code":503}}\n\n'
+                        w.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+                        await w.drain()
+                        await asyncio.sleep(0.3)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            w.close()
+
+    srv = await asyncio.start_server(refusing_decode, "127.0.0.1", 0)
+    sims = [SimServer(SimOptions(port=0, role=role, model="m",
+                                 engine=EngineConfig(time_scale=0.05),
+                                 pd=PdOptions(bootstrap_timeout_s=3.0)))
+            for role in ("prefill", "decode")]
+    for s in sims:
+        await s.start()
+    gw = await Gateway([(Role.PREFILL, "127.0.0.1", sims[0].port),
+                        (Role.DECODE, "127.0.0.1", srv.sockets[0].getsockname()[1]),
+                        (Role.DECODE, "127.0.0.1", sims[1].port)],
+                       mode="pd_bootstrap", retries={"max_attempts": 3, "backoff_s": 0.0},
+                       timeouts={"idle_s": 30.0}).start()
+    try:
+        for stream in (False, True):
+            req = {"model": "m", "prompt": "hi " * 10, "max_tokens": 6, "ignore_eos": True,
+                   "stream": stream}
+            st, _, body = await http(gw.port, "POST", "/v1/completions", orjson.dumps(req),
+                                     timeout=8)
+            assert st == 200, body
+            assert _tokens(stream, body) == 6
+        assert hits        # the refusing D was tried (round robin: every other pair)
+        assert gw.inflight() == 0
+    finally:
+        await gw.stop()
+        for s in sims:
+            await s.stop(0.2)
+        srv.close()

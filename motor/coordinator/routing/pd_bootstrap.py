@@ -202,7 +202,7 @@ class Bootstrap(PdPath):
                         raise err
                     if not last and up.status >= 400 and not ctx.resp.started and \
                             retryable_status(up.status, up.headers, self.s.retry_statuses):
-                        raise await self._decode_refused(ep, up)
+                        raise self._decode_refused(ctx, ep, up)
                     await self.answer_decode(ctx, ep, up, None, time.perf_counter())
                 finally:
                     up.close()
@@ -211,18 +211,18 @@ class Bootstrap(PdPath):
             self.drop_decode(d_task)   # D answered the turn the request ended
             lease.release()            # P's task may have been cancelled before it ran
 
-    async def _decode_refused(self, ep: EndpointState, up: Any) -> LegFailed:
-        """D answered a retryable status before anything reached the client: its answer
-        read (bounded by the idle timeout) and dropped, the failure for :meth:`run` to
-        choose another pair."""
+    def _decode_refused(self, ctx: Ctx, ep: EndpointState, up: Any) -> LegFailed:
+        """D answered a retryable status before anything reached the client: the failure
+        for :meth:`run` to choose another pair. Its body is never relayed (a non-last pair's
+        repairable failure is always followed by another pair), so it is not waited for:
+        what came with the head, else the connection is closed."""
         note_status(ep, up.status)
-        data = up.read_now()
-        if data is None:
-            try:
-                async with up:
-                    data = await read_whole(up, self.s.idle_timeout_s)
-            except (TimeoutError, OSError):
-                data = b""
+        data = up.read_now() or b""
+        up.close()
+        obs = ctx.obs
+        if obs is not None and obs.decode_span is not None:
+            obs.end(obs.decode_span, {"http.response.status_code": up.status}, str(up.status))
+            obs.decode_span = None
         e = LegFailed(up.status, f"decode instance {ep.instance_id} answered {up.status}",
                       engine_error_body(up.status, data))
         return _repairable(e, ep, f"status_{up.status}", failed_outcome("decode", up.status))
