@@ -137,6 +137,9 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
     if own_process:
         tune(c.gc)      # before it listens: its one full collection delays no request
     port = await server.listen(c.host, c.port, reuse_port=reuse_port, tls=server_tls)
+    coord.listening = True
+    if publisher is not None:
+        coord.publish_ready()   # its row counts from now on, not a publish period later
     mode = f"standalone, {len(backends)} backend(s)" if backends else \
         f"following controller {controller_url or ', '.join(cfg.controller.urls)}"
     logger.info("coordinator worker %d listening on %s://%s:%d (%s, mode=%s, policy=%s)",

@@ -11,8 +11,9 @@ created by the supervisor, attached by every worker and by the feed::
     eng_seq  uint64[n_slots]                   seqlock of the engine figures (feed writes)
     engine   float64[n_slots, 4]               waiting, running, KV cache usage (0..1),
                                                scrape time (unix seconds; 0: never scraped)
-    ready    int64[n_workers, 2]               each worker's readiness: synced (1 / 0),
-                                               endpoints it routes to now
+    ready    int64[n_workers, 3]               each worker's readiness: state (starting,
+                                               listening, gone), synced (1 / 0), endpoints
+                                               it routes to now
 
 Writers, no locks:
 
@@ -37,13 +38,18 @@ workers whose ``row_gen`` equals the generation they ask for.
 
 A worker that died is replaced with its row reset (:meth:`LoadTable.reset_row`, called by
 the supervisor before the new worker starts): the dead worker's in-flight load is gone
-with it, and its readiness reads "not synced" until the new worker publishes its own.
+with it.
 
 Readiness (:meth:`LoadTable.publish_ready`, :meth:`LoadTable.readiness`): with several
-workers on one port a client's connection lands on any of them, so the coordinator is
-ready only when every worker is. Each worker publishes whether its table is synced and
-how many endpoints it routes to now (every :data:`READY_PUBLISH_S`, and on each
-``/readiness`` it answers); any worker's ``/readiness`` answers from all the rows.
+workers on one port a client's connection lands on any worker that listens, so the
+coordinator is ready only when every such worker is. Each worker publishes its state,
+whether its table is synced and how many endpoints it routes to now (every
+:data:`READY_PUBLISH_S`, and on each ``/readiness`` it answers); any worker's
+``/readiness`` answers from all the rows. States: :data:`STARTING` (a new table's rows: a
+worker of the first start, counted as not ready, so that one worker ready first does not
+make the coordinator ready), :data:`LISTENING` (its row counts) and :data:`GONE` (died,
+being replaced, or draining: it takes no connection, its row is left out; the supervisor
+marks a dead worker so at once, :meth:`LoadTable.worker_gone`).
 
 The cells :meth:`LoadTable.cell` makes, and :meth:`LoadTable.totals`, are compiled
 (:mod:`motor._fast.loadcell`: same words, same rules, a few loads and stores where the
@@ -77,7 +83,7 @@ except ImportError:  # pragma: no cover - the extension is not built
     _loadcell = None  # type: ignore[assignment]
 
 MAGIC = 0x6D6F746F726C6474  # "motorldt"
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 HEADER_WORDS = 8
 #: load columns
 INFLIGHT, TOKENS, PREFILL, DECODE = 0, 1, 2, 3
@@ -85,9 +91,10 @@ N_LOAD = 4
 #: engine-figure columns
 WAITING, RUNNING, KV_USAGE, SCRAPED_AT = 0, 1, 2, 3
 N_ENGINE = 4
-#: readiness columns
-SYNCED, ROUTABLE = 0, 1
-N_READY = 2
+#: readiness columns, and the states of the first
+STATE, SYNCED, ROUTABLE = 0, 1, 2
+N_READY = 3
+STARTING, LISTENING, GONE = 0, 1, 2
 #: how often a worker publishes its readiness row (seconds)
 READY_PUBLISH_S = 0.1
 
@@ -213,24 +220,33 @@ class LoadTable:
         return g
 
     # -- rows (supervisor / workers) -------------------------------------------------
-    def reset_row(self, worker: int) -> None:
+    def reset_row(self, worker: int, gone: bool = False) -> None:
         """Forget everything worker ``worker`` counted and published (it died; call
-        before its successor starts, so there is a single writer)."""
+        before its successor starts, so there is a single writer). ``gone``: its readiness
+        row reads :data:`GONE` until the successor listens (a replacement), else
+        :data:`STARTING`."""
         self.load[worker] = 0
         self.row_gen[worker] = 0
         self.ready[worker] = 0
+        if gone:
+            self.ready[worker, STATE] = GONE
 
-    def publish_ready(self, worker: int, synced: bool, routable: int) -> None:
-        """Worker ``worker``'s readiness: its table is ``synced``, it routes to
-        ``routable`` endpoints now."""
+    def worker_gone(self, worker: int) -> None:
+        """Worker ``worker`` takes no connection (it died): its readiness row is left out."""
+        self.ready[worker, STATE] = GONE
+
+    def publish_ready(self, worker: int, state: int, synced: bool, routable: int) -> None:
+        """Worker ``worker``'s readiness: ``state`` (:data:`LISTENING`, :data:`STARTING`
+        or :data:`GONE`), its table ``synced``, ``routable`` endpoints routed to now."""
         row = self.ready[worker]
         row[ROUTABLE] = routable
         row[SYNCED] = 1 if synced else 0
+        row[STATE] = state
 
-    def readiness(self) -> list[tuple[bool, int]]:
-        """(synced, routable endpoints) of every worker, by index, as last published
-        (a worker that has not published yet, or died: ``(False, 0)``)."""
-        return [(bool(s), int(r)) for s, r in self.ready.tolist()]
+    def readiness(self) -> list[tuple[int, bool, int]]:
+        """(state, synced, routable endpoints) of every worker, by index, as last
+        published (a worker that has not published yet: ``(STARTING, False, 0)``)."""
+        return [(int(st), bool(s), int(r)) for st, s, r in self.ready.tolist()]
 
     def cell(self, worker: int, slot: int, gen: int) -> LoadCell:
         """Worker ``worker``'s cell of ``slot`` at generation ``gen``: the compiled

@@ -34,7 +34,7 @@ from motor.config.schema import CoordinatorConfig, DeploymentMode
 from motor.coordinator import probes
 from motor.coordinator.edge import Edge
 from motor.coordinator.endpoints import EndpointTable
-from motor.coordinator.loadtable import LoadTable
+from motor.coordinator.loadtable import GONE, LISTENING, STARTING, LoadTable
 from motor.coordinator.metrics import render_metrics
 from motor.coordinator.observe import Observer, observer
 from motor.coordinator.policy import Policy
@@ -53,9 +53,11 @@ class Coordinator:
 
     ``ready_source``: set by whoever fills the endpoint table (controller watcher, static
     backends, the feed link); ``/readiness`` says ready once it is set and some endpoint
-    is routable (and the worker is not ``draining``). ``workers``: with several workers, the shared table where each publishes
-    its readiness (:meth:`publish_ready`); ``/readiness`` then says ready only when every
-    worker is, and ``routable_endpoints`` is the fewest any worker routes to.
+    is routable (and the worker is not ``draining``). ``workers``: with several workers,
+    the shared table where each publishes its readiness (:meth:`publish_ready`);
+    ``/readiness`` then says ready only when every worker a connection may land on is
+    (every one not gone: :mod:`motor.coordinator.loadtable`), and ``routable_endpoints`` is
+    the fewest any of them routes to.
     """
 
     def __init__(self, cfg: CoordinatorConfig, table: EndpointTable, policy: Policy,
@@ -78,6 +80,8 @@ class Coordinator:
         self.ready_source: asyncio.Event | None = None
         self.worker_index = worker_index
         self.workers: LoadTable | None = None
+        #: set once the worker listens (its readiness row counts from then on)
+        self.listening = False
         #: set when the worker stops: it drains, and reads as not synced
         self.draining = False
         #: the union path (also the PD modes' fallback and the passed-through routes' path)
@@ -155,12 +159,14 @@ class Coordinator:
         return sum(1 for e in self.table.endpoints.values() if e.routable(now))
 
     def publish_ready(self) -> tuple[bool, int]:
-        """This worker's (synced, routable endpoints), written to ``workers`` when set."""
+        """This worker's (synced, routable endpoints), written to ``workers`` when set
+        (with its state: gone once draining, listening once ``listening`` is set)."""
         synced = not self.draining and (self.ready_source is None
                                         or self.ready_source.is_set())
         routable = self.routable_count()
         if self.workers is not None:
-            self.workers.publish_ready(self.worker_index, synced, routable)
+            state = GONE if self.draining else LISTENING if self.listening else STARTING
+            self.workers.publish_ready(self.worker_index, state, synced, routable)
         return synced, routable
 
     async def _on_readiness(self, req: Request, resp: Response) -> None:
@@ -169,9 +175,13 @@ class Coordinator:
             probes.readiness(resp, routable, synced)
             return
         rows = self.workers.readiness()
-        probes.readiness(resp, min(r for _, r in rows), all(s for s, _ in rows),
-                         workers_synced=[s for s, _ in rows],
-                         workers_routable=[r for _, r in rows])
+        # the workers a connection may land on: every one but those gone (dead, being
+        # replaced, draining); this one answered, so it counts unless it drains
+        live = [(s, r) for st, s, r in rows if st != GONE]
+        probes.readiness(resp, min((r for _, r in live), default=0),
+                         synced and bool(live) and all(s for s, _ in live),
+                         workers_synced=[s if st != GONE else None for st, s, _ in rows],
+                         workers_routable=[r if st != GONE else None for st, _, r in rows])
 
     async def _on_metrics(self, req: Request, resp: Response) -> None:
         resp.send(200, render_metrics(),

@@ -108,7 +108,9 @@ def run_workers(cfg: ClusterConfig, backends: list[str] | None, controller_url: 
                             args=(cfg_json, prefix, n, load.name, keys, controller_url, level),
                             daemon=False)
         else:
-            load.reset_row(i)   # the predecessor's in-flight load died with it
+            # the predecessor's in-flight load died with it; a successor's readiness row
+            # counts once it listens (gone until then), a first worker's at once (starting)
+            load.reset_row(i, gone=i in procs)
             if rate is not None:
                 rate.reset_row(i)   # a single writer of the row again
             p = ctx.Process(target=_worker_main, name=f"motor-worker-{i}",
@@ -147,6 +149,8 @@ def run_workers(cfg: ClusterConfig, backends: list[str] | None, controller_url: 
                     continue
                 from prometheus_client import multiprocess
                 multiprocess.mark_process_dead(p.pid)
+                if i >= 0:
+                    load.worker_gone(i)     # no connection lands on it: not waited for
                 what = "feed" if i < 0 else f"worker {i}"
                 now = time.monotonic()
                 while restarts and now - restarts[0] > RESTART_WINDOW_S:
