@@ -494,6 +494,12 @@ class UnionPath(RequestPath):
                    wrote_any: bool, why_not: str) -> int | Verdict:
         """After a leg: end the answer (returns its status) or say how to continue."""
         ep = leg.ep
+        if err is None and (rec is None or rec.done):
+            # the engine ended the stream itself ([DONE] relayed): after_leg's END "done"
+            # verdict, without building it (every stream that ends well comes here)
+            settle_leg(ep, None, True)
+            resp.end(b"")
+            return 200
         if isinstance(err, UpstreamTimeout):
             metrics.UPSTREAM_ERRORS.labels(ep.url, "timeout").inc()
             ep.failed()
