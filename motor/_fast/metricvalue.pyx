@@ -20,6 +20,9 @@ slice assignment).
   files and places the keys (the library's ``MmapedDict``) and calls :meth:`MmapValue.bind`.
 * :class:`BucketCounts`: a histogram child of one process (``LoopHistogramChild`` of
   :mod:`motor.coordinator.metrics` compiled): its bucket counts and sum in C.
+* :class:`MmapBuckets`: a multiprocess histogram child's ``observe`` compiled: the bucket
+  and sum values of a prometheus-client ``Histogram`` child (:class:`MmapValue` each)
+  updated from C, the same writes as the child's own ``observe``.
 """
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
@@ -167,3 +170,66 @@ cdef class MmapValue:
 
     def get_exemplar(self):
         return None
+
+
+cdef class MmapBuckets:
+    """``observe`` of a prometheus-client ``Histogram`` child in multiprocess mode, whose
+    values are :class:`MmapValue`: ``MmapBuckets(child)`` reads the child's upper bounds
+    (``_upper_bounds``, ``+Inf`` last), its bucket values (``_buckets``, one per bound) and
+    its sum value (``_sum``). :meth:`observe` does what the library's ``observe`` does
+    (prometheus-client 0.26): the sum value plus ``amount``, and the first bucket whose
+    bound is >= ``amount`` plus 1 (none for a NaN), each written to its file; without the
+    library's Python loop over the bounds, its exemplar argument and its checks (a child
+    made by ``labels`` is always observable).
+
+    Raises
+    ------
+    TypeError
+        when a value of ``child`` is not an :class:`MmapValue` (the compiled values are
+        not installed), or its bounds and buckets differ in number.
+    """
+
+    cdef readonly object child
+    cdef double *_bounds
+    cdef Py_ssize_t _n
+    cdef list _values
+    cdef MmapValue _sum
+
+    def __cinit__(self, child not None):
+        cdef Py_ssize_t i
+        bounds = [float(b) for b in child._upper_bounds]
+        values = list(child._buckets)
+        if len(bounds) != len(values) or not bounds:
+            raise TypeError(f"expected as many buckets as bounds (>= 1), got {len(values)} "
+                            f"and {len(bounds)}")
+        for v in values + [child._sum]:
+            if not isinstance(v, MmapValue):
+                raise TypeError(f"expected MmapValue values, got {type(v).__name__}")
+        self._n = len(bounds)
+        self._bounds = <double *>PyMem_Malloc(self._n * sizeof(double))
+        if self._bounds == NULL:
+            raise MemoryError()
+        for i in range(self._n):
+            self._bounds[i] = bounds[i]
+        self._values = values
+        self._sum = child._sum
+        self.child = child
+
+    def __dealloc__(self):
+        PyMem_Free(self._bounds)
+
+    cpdef observe(self, double amount):
+        """Count ``amount`` in the first bucket whose bound is >= it, add it to the sum."""
+        cdef Py_ssize_t i = 0
+        cdef MmapValue v = self._sum
+        v._vt[0] += amount
+        v._vt[1] = 0.0
+        v._write()
+        while i < self._n:
+            if amount <= self._bounds[i]:
+                v = <MmapValue>self._values[i]
+                v._vt[0] += 1.0
+                v._vt[1] = 0.0
+                v._write()
+                return
+            i += 1

@@ -156,12 +156,43 @@ class LoopHistogram:
         return [fam]
 
 
+try:
+    from motor._fast.metricvalue import MmapBuckets as _MmapBuckets
+except ImportError:  # pragma: no cover - the extensions not built
+    _MmapBuckets = None  # type: ignore[assignment, misc]
+
+
+class MpHistogram:
+    """A prometheus-client ``Histogram`` (multiprocess mode) whose children, as
+    :meth:`labels` gives them, observe from C (:class:`motor._fast.metricvalue.MmapBuckets`:
+    the same values written to the same files as the library's ``observe``, without its
+    Python loop over the bounds) when the compiled values are installed; the library's
+    child otherwise."""
+
+    def __init__(self, hist: Histogram) -> None:
+        self.hist = hist
+
+    def labels(self, *values: str) -> Any:
+        child = self.hist.labels(*values)
+        if _MmapBuckets is None:
+            return child
+        try:
+            return _MmapBuckets(child)
+        except TypeError:       # the library's own values (mpvalues not compiled)
+            return child
+
+    def remove(self, *values: str) -> None:
+        """Drop the child of ``values`` (the library's ``remove``)."""
+        self.hist.remove(*values)
+
+
 def _histogram(name: str, documentation: str, labelnames: list[str],
                buckets: tuple[float, ...]) -> Any:
-    """A :class:`LoopHistogram` in :data:`REGISTRY`, or a ``Histogram`` in multiprocess
-    mode."""
+    """A :class:`LoopHistogram` in :data:`REGISTRY`, or in multiprocess mode a ``Histogram``
+    (:class:`MpHistogram`: its children observe from C)."""
     if MULTIPROCESS:
-        return Histogram(name, documentation, labelnames, buckets=buckets, registry=REGISTRY)
+        return MpHistogram(Histogram(name, documentation, labelnames, buckets=buckets,
+                                     registry=REGISTRY))
     return LoopHistogram(name, documentation, labelnames, buckets, REGISTRY)
 
 

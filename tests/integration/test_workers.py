@@ -55,6 +55,16 @@ def test_two_workers_share_the_port_and_survive_kill9(tmp_path):
         for _ in range(40):
             assert post(gw) == 200
         assert requests_total(gw) == 40  # summed over both workers, whichever answers
+        # the latency histograms too (observed from C into the same files, MmapBuckets)
+        with urllib.request.urlopen(f"http://127.0.0.1:{gw}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        counts = {ln.split("{")[0]: float(ln.split()[-1]) for ln in text.splitlines()
+                  if 'route="completions"' in ln and ln.split("{")[0].endswith("_count")}
+        assert counts["motor_coordinator_e2e_request_latency_seconds_count"] == 40, counts
+        inf = [float(ln.split()[-1]) for ln in text.splitlines()
+               if ln.startswith("motor_coordinator_e2e_request_latency_seconds_bucket{")
+               and 'le="+Inf"' in ln and 'route="completions"' in ln]
+        assert inf == [40]
         victim = pids.pop()
         os.kill(victim, signal.SIGKILL)
         ok = 0

@@ -156,3 +156,41 @@ def test_in_process_value_counts_like_the_library(monkeypatch):
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/nonexistent")
     assert not mpvalues.install_in_process()      # multiprocess mode: the files' class
     assert values.ValueClass is values.MutexValue
+
+
+@pytest.mark.skipif(metricvalue is None, reason="motor._fast not built")
+def test_compiled_observe_writes_what_the_librarys_observe_writes(monkeypatch, tmp_path):
+    """``MmapBuckets`` (the multiprocess histogram child's ``observe`` from C) against the
+    library's ``observe`` of the same values into another series: the same buckets and
+    sums read back, a value equal to a bound in that bucket, NaN only in the sum."""
+    monkeypatch.setattr(values, "ValueClass", fast_value_class(str(tmp_path), 4242,
+                                                               compiled=True))
+    reg = CollectorRegistry()
+    h = Histogram("t_lat", "l", ["route"], buckets=(0.01, 0.1, 1.0), registry=reg)
+    fast_child = metricvalue.MmapBuckets(h.labels("fast"))
+    lib_child = h.labels("lib")
+    for v in (0.0, 0.01, 0.0100001, 0.1, 0.5, 1.0, 7.0, -3.0, 1e300, float("inf")):
+        fast_child.observe(v)
+        lib_child.observe(v)
+    s = _samples(tmp_path)
+    for le in ("0.01", "0.1", "1.0", "+Inf"):
+        assert s[("t_lat_bucket", (("le", le), ("route", "fast")))] == \
+            s[("t_lat_bucket", (("le", le), ("route", "lib")))], le
+    assert s[("t_lat_bucket", (("le", "0.01"), ("route", "fast")))] == 3   # -3, 0, 0.01
+    assert s[("t_lat_count", (("route", "fast"),))] == 10
+    assert s[("t_lat_sum", (("route", "fast"),))] == s[("t_lat_sum", (("route", "lib"),))]
+    fast_child.observe(float("nan"))
+    lib_child.observe(float("nan"))
+    s = _samples(tmp_path)
+    assert s[("t_lat_count", (("route", "fast"),))] == \
+        s[("t_lat_count", (("route", "lib"),))] == 10
+
+
+def test_compiled_observe_refuses_the_librarys_own_values(tmp_path):
+    """A child whose values are not the compiled file values (no ``MmapValue``): refused,
+    so ``MpHistogram.labels`` hands out the library's child instead."""
+    if metricvalue is None:
+        pytest.skip("motor._fast not built")
+    h = Histogram("t_plain", "p", ["route"], buckets=(0.1,), registry=CollectorRegistry())
+    with pytest.raises(TypeError, match="MmapValue"):
+        metricvalue.MmapBuckets(h.labels("x"))
