@@ -20,6 +20,8 @@ slice assignment).
   files and places the keys (the library's ``MmapedDict``) and calls :meth:`MmapValue.bind`.
 * :class:`BucketCounts`: a histogram child of one process (``LoopHistogramChild`` of
   :mod:`motor.coordinator.metrics` compiled): its bucket counts and sum in C.
+* :class:`MmapCount`: a multiprocess gauge child's ``inc()`` / ``dec()`` by one from C
+  (its :class:`MmapValue` written), for the in-flight gauges updated on every request.
 * :class:`MmapBuckets`: a multiprocess histogram child's ``observe`` compiled: the bucket
   and sum values of a prometheus-client ``Histogram`` child (:class:`MmapValue` each)
   updated from C, the same writes as the child's own ``observe``.
@@ -233,3 +235,33 @@ cdef class MmapBuckets:
                 v._write()
                 return
             i += 1
+
+
+cdef class MmapCount:
+    """``inc()`` / ``dec()`` by one of a prometheus-client ``Gauge`` child in multiprocess
+    mode whose value is an :class:`MmapValue` (``MmapCount(child._value)``): what the
+    child's own ``inc()`` / ``dec()`` write, without their Python frames and checks.
+
+    Raises
+    ------
+    TypeError
+        when ``value`` is not an :class:`MmapValue`.
+    """
+
+    cdef MmapValue _v
+
+    def __cinit__(self, MmapValue value not None):
+        self._v = value
+
+    def inc(self):
+        self._v._vt[0] += 1.0
+        self._v._vt[1] = 0.0
+        self._v._write()
+
+    def dec(self):
+        self._v._vt[0] -= 1.0
+        self._v._vt[1] = 0.0
+        self._v._write()
+
+    def get(self):
+        return self._v._vt[0]

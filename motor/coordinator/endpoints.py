@@ -39,7 +39,6 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import orjson
-from prometheus_client import Gauge
 
 from motor._fast.shmsync import full_fence
 from motor.config.schema import BreakerConfig, ControlPlaneTlsConfig, EngineKind, Role
@@ -140,7 +139,7 @@ class EndpointState:
         gauge = metrics.INFLIGHT.labels(instance_id, self.url)
         # one process: the gauge reads the count at scrape time (no lock taken per request);
         # multiprocess mode exports only what is set, so it is counted as it changes there
-        self._gauge: Gauge | None = gauge if metrics.MULTIPROCESS else None
+        self._gauge: Any = metrics.gauge_counter(gauge) if metrics.MULTIPROCESS else None
         if not metrics.MULTIPROCESS:
             gauge.set_function(lambda: self.inflight)
         b = breaker or BreakerConfig()

@@ -158,8 +158,23 @@ class LoopHistogram:
 
 try:
     from motor._fast.metricvalue import MmapBuckets as _MmapBuckets
+    from motor._fast.metricvalue import MmapCount as _MmapCount
 except ImportError:  # pragma: no cover - the extensions not built
     _MmapBuckets = None  # type: ignore[assignment, misc]
+    _MmapCount = None  # type: ignore[assignment, misc]
+
+
+def gauge_counter(child: Any) -> Any:
+    """What counts a multiprocess ``Gauge`` child up and down by one on every request:
+    :class:`motor._fast.metricvalue.MmapCount` over its value (the same writes as its
+    ``inc()`` / ``dec()``, from C) when that value is the compiled one, else the child."""
+    if _MmapCount is None:
+        return child
+    value: Any = getattr(child, "_value", None)
+    try:
+        return _MmapCount(value)
+    except TypeError:       # the library's own value (mpvalues not compiled)
+        return child
 
 
 class MpHistogram:

@@ -194,3 +194,25 @@ def test_compiled_observe_refuses_the_librarys_own_values(tmp_path):
     h = Histogram("t_plain", "p", ["route"], buckets=(0.1,), registry=CollectorRegistry())
     with pytest.raises(TypeError, match="MmapValue"):
         metricvalue.MmapBuckets(h.labels("x"))
+
+
+@pytest.mark.skipif(metricvalue is None, reason="motor._fast not built")
+def test_compiled_gauge_count_writes_what_inc_and_dec_write(monkeypatch, tmp_path):
+    """``MmapCount`` (an in-flight gauge's +-1 from C, ``metrics.gauge_counter``) against
+    the library's ``inc`` / ``dec`` of another series: the same values read back; the
+    library's own values get the child itself."""
+    from motor.coordinator.metrics import gauge_counter
+    monkeypatch.setattr(values, "ValueClass", fast_value_class(str(tmp_path), 4242,
+                                                               compiled=True))
+    reg = CollectorRegistry()
+    g = Gauge("t_inflight", "i", ["ep"], registry=reg, multiprocess_mode="livesum")
+    fast_g, lib_g = gauge_counter(g.labels("fast")), g.labels("lib")
+    assert isinstance(fast_g, metricvalue.MmapCount)
+    for op in ("inc", "inc", "dec", "inc", "dec", "dec", "dec"):
+        getattr(fast_g, op)()
+        getattr(lib_g, op)()
+    s = _samples(tmp_path)
+    assert s[("t_inflight", (("ep", "fast"),))] == s[("t_inflight", (("ep", "lib"),))] == -1
+    monkeypatch.undo()
+    plain = Gauge("t_plain", "p", ["ep"], registry=CollectorRegistry()).labels("x")
+    assert gauge_counter(plain) is plain
