@@ -227,9 +227,7 @@ class LoadTable:
         :data:`STARTING`."""
         self.load[worker] = 0
         self.row_gen[worker] = 0
-        self.ready[worker] = 0
-        if gone:
-            self.ready[worker, STATE] = GONE
+        self.ready[worker] = (GONE if gone else STARTING, 0, 0)
 
     def worker_gone(self, worker: int) -> None:
         """Worker ``worker`` takes no connection (it died): its readiness row is left out."""

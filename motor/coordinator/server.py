@@ -34,7 +34,7 @@ from motor.config.schema import CoordinatorConfig, DeploymentMode
 from motor.coordinator import probes
 from motor.coordinator.edge import Edge
 from motor.coordinator.endpoints import EndpointTable
-from motor.coordinator.loadtable import GONE, LISTENING, STARTING, LoadTable
+from motor.coordinator.loadtable import GONE, LISTENING, LoadTable
 from motor.coordinator.metrics import render_metrics
 from motor.coordinator.observe import Observer, observer
 from motor.coordinator.policy import Policy
@@ -159,13 +159,15 @@ class Coordinator:
         return sum(1 for e in self.table.endpoints.values() if e.routable(now))
 
     def publish_ready(self) -> tuple[bool, int]:
-        """This worker's (synced, routable endpoints), written to ``workers`` when set
-        (with its state: gone once draining, listening once ``listening`` is set)."""
+        """This worker's (synced, routable endpoints), written to ``workers`` when set, once
+        it listens (with its state: listening, or gone once draining)."""
         synced = not self.draining and (self.ready_source is None
                                         or self.ready_source.is_set())
         routable = self.routable_count()
-        if self.workers is not None:
-            state = GONE if self.draining else LISTENING if self.listening else STARTING
+        # before it listens the row is the supervisor's (STARTING at a first start, GONE for
+        # a successor): a successor does not count until it takes connections
+        if self.workers is not None and (self.listening or self.draining):
+            state = GONE if self.draining else LISTENING
             self.workers.publish_ready(self.worker_index, state, synced, routable)
         return synced, routable
 

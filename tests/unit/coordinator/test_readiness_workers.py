@@ -46,6 +46,16 @@ async def test_ready_only_when_every_listening_worker_is():
         shared.reset_row(1, gone=True)   # its successor starts: left out until it listens
         st, body = await readiness(gw.port)
         assert st == 200 and body["workers_routable"] == [1, None]
+        # the successor's own publishing before it listens leaves the row as it is
+        from motor.coordinator.server import Coordinator
+        successor = Coordinator(gw.cfg, gw.table, gw.coord.policy, worker_index=1)
+        successor.workers = shared
+        assert successor.publish_ready() == (True, 1)
+        st, body = await readiness(gw.port)
+        assert st == 200 and body["workers_routable"] == [1, None]
+        successor.listening = True
+        successor.publish_ready()
+        assert shared.readiness()[1] == (LISTENING, True, 1)
         shared.publish_ready(1, LISTENING, False, 0)   # listening, its table not synced yet
         st, body = await readiness(gw.port)
         assert st == 503 and body["workers_synced"] == [True, False]
