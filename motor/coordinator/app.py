@@ -158,15 +158,17 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # pragma: no cover
             pass
-    if cert_reloader is not None or coord.edge.keys is not None:
-        def on_hup() -> None:
-            if cert_reloader is not None:
-                cert_reloader.check(force=True)
-            coord.edge.housekeeping()
-        try:
-            loop.add_signal_handler(signal.SIGHUP, on_hup)
-        except (NotImplementedError, RuntimeError):  # pragma: no cover
-            pass
+    # SIGHUP re-reads the TLS certificate and the key source now; with neither it does
+    # nothing (its default action would end the worker: a supervisor forwards SIGHUP to
+    # every worker, and a reload signal to a gateway must not cut its requests)
+    def on_hup() -> None:
+        if cert_reloader is not None:
+            cert_reloader.check(force=True)
+        coord.edge.housekeeping()
+    try:
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
+    except (NotImplementedError, RuntimeError):  # pragma: no cover
+        pass
     await stop.wait()
     coord.draining = True    # /readiness answers 503 from now on (on every worker's port)
     if publisher is not None:

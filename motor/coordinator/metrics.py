@@ -32,9 +32,12 @@ REQUESTS = Counter(
     "Requests answered, by route and HTTP status sent to the client "
     "(a stream that ended with an SSE error event counts under the error's status).",
     ["route", "status"], registry=REGISTRY)
+#: several workers: summed over the live ones (a dead worker's requests died with it; the
+#: library's default mode "all" kept its last value as a series of its own, for good)
 INFLIGHT = Gauge(
     "motor_coordinator_inflight_requests",
-    "Requests in flight per endpoint.", ["instance", "endpoint"], registry=REGISTRY)
+    "Requests in flight per endpoint.", ["instance", "endpoint"], registry=REGISTRY,
+    multiprocess_mode="livesum")
 RETRIES = Counter(
     "motor_coordinator_retries_total",
     "Attempts re-sent to another endpoint before the first byte reached the client, by reason.",

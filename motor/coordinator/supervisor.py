@@ -47,6 +47,8 @@ def _worker_main(cfg_json: str, backends: list[str] | None, controller_url: str 
                  ) -> None:  # pragma: no cover - runs in a child
     import asyncio
 
+    # a SIGHUP the supervisor forwards before the worker's loop handles it does not end it
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from motor.coordinator import mpvalues
     mpvalues.install()   # before the first metric is made (motor.coordinator.metrics)
     from motor.coordinator.app import serve

@@ -65,6 +65,11 @@ def test_two_workers_share_the_port_and_survive_kill9(tmp_path):
                if ln.startswith("motor_coordinator_e2e_request_latency_seconds_bucket{")
                and 'le="+Inf"' in ln and 'route="completions"' in ln]
         assert inf == [40]
+        # in-flight gauges summed over the live workers (no per-pid series left by a dead one)
+        gauges = [ln for ln in text.splitlines()
+                  if ln.startswith("motor_coordinator_inflight_requests{")]
+        assert gauges and not any("pid=" in ln for ln in gauges), gauges
+        assert sum(float(ln.split()[-1]) for ln in gauges) == 0
         victim = pids.pop()
         os.kill(victim, signal.SIGKILL)
         ok = 0
@@ -84,6 +89,28 @@ def test_two_workers_share_the_port_and_survive_kill9(tmp_path):
         assert new - pids - {victim}, "the killed worker was replaced by a new process"
         wait_http(f"http://127.0.0.1:{gw}/readiness")   # the new worker published its row
         assert requests_total(gw) >= 40 + ok  # the dead worker's counts are kept
+    finally:
+        for p in procs:
+            stop(p)
+
+
+def test_sighup_without_tls_or_keys_keeps_every_worker(tmp_path):
+    """SIGHUP (reload) to the supervisor of 2 workers with nothing to reload: the workers
+    it forwards it to keep running and serving (its default action ended them)."""
+    sim, gw = free_ports(2)
+    procs = [spawn(["sim", "--port", str(sim), "--time-scale", "0"], str(tmp_path / "sim.log")),
+             spawn(["coordinator", "--port", str(gw), "--workers", "2", "--backend",
+                    f"http://127.0.0.1:{sim}"], str(tmp_path / "coord.log"))]
+    try:
+        wait_http(f"http://127.0.0.1:{sim}/health")
+        wait_http(f"http://127.0.0.1:{gw}/readiness")
+        assert post(gw) == 200
+        os.kill(procs[1].pid, signal.SIGHUP)
+        time.sleep(1.0)             # the supervisor polls its workers every 50 ms
+        for _ in range(10):
+            assert post(gw) == 200
+        log = (tmp_path / "coord.log").read_text()
+        assert "died" not in log and "restarting" not in log, log
     finally:
         for p in procs:
             stop(p)
