@@ -543,11 +543,15 @@ class EndpointTable:
             ep.tls_check = None
         if not any(e.host == ep.host and e.port == ep.port for e in self.endpoints.values()):
             self.client.discard(ep.host, ep.port)
-        for metric in (metrics.INFLIGHT, metrics.BREAKER_STATE):
-            try:
-                metric.remove(ep.instance_id, ep.url)
-            except KeyError:
-                pass
+        if not metrics.MULTIPROCESS:
+            # (several workers: the series stays in the files anyway, and a child made
+            # again for an instance that comes back would share the file's value with the
+            # old one's still in use, each writing its own count: the child is kept)
+            for metric in (metrics.INFLIGHT, metrics.BREAKER_STATE):
+                try:
+                    metric.remove(ep.instance_id, ep.url)
+                except KeyError:
+                    pass
         if not any(e.instance_id == ep.instance_id for e in self.endpoints.values()):
             metrics.forget_instance(ep.instance_id)
 

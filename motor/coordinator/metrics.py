@@ -263,9 +263,12 @@ def instance_timing(instance_id: str, role: Role) -> InstanceTiming:
 
 def forget_instance(instance_id: str) -> None:
     """Drop the per-instance histogram series of ``instance_id`` (it left the table); a
-    no-op for an instance never timed."""
+    no-op for an instance never timed, and for the series with several workers."""
     t = _TIMINGS.pop(instance_id, None)
-    if t is None:
+    if t is None or MULTIPROCESS:
+        # several workers: the series stays in the files (prometheus-client removes none
+        # there), and the child is kept, so that one made again for the instance coming
+        # back writes the same values as the old one's still observing, not counts of its own
         return
     for h in (INSTANCE_TTFT, INSTANCE_TPOT):
         try:

@@ -216,3 +216,32 @@ def test_compiled_gauge_count_writes_what_inc_and_dec_write(monkeypatch, tmp_pat
     monkeypatch.undo()
     plain = Gauge("t_plain", "p", ["ep"], registry=CollectorRegistry()).labels("x")
     assert gauge_counter(plain) is plain
+
+
+@pytest.mark.skipif(metricvalue is None, reason="motor._fast not built")
+def test_an_instance_that_comes_back_keeps_counting_in_one_series(monkeypatch, tmp_path):
+    """Several workers: an instance leaves (``forget_instance``) while a request still
+    observes through its old timing, and comes back (a new timing): both write one series,
+    so its count is every observation (a child made again would start from the file's value
+    and overwrite the old one's writes)."""
+    from motor.config.schema import Role
+    from motor.coordinator import metrics
+    monkeypatch.setattr(values, "ValueClass", fast_value_class(str(tmp_path), 4242,
+                                                               compiled=True))
+    reg = CollectorRegistry()
+    monkeypatch.setattr(metrics, "MULTIPROCESS", True)
+    for name in ("INSTANCE_TTFT", "INSTANCE_TPOT"):
+        monkeypatch.setattr(metrics, name, metrics.MpHistogram(Histogram(
+            f"t_{name.lower()}", "x", ["instance", "role"], buckets=(0.1, 1.0), registry=reg)))
+    monkeypatch.setattr(metrics, "_TIMINGS", {})
+    old = metrics.instance_timing("i1", Role.UNION)
+    old.ttft.observe(0.05)
+    metrics.forget_instance("i1")
+    new = metrics.instance_timing("i1", Role.UNION)
+    new.ttft.observe(0.05)
+    old.ttft.observe(0.05)          # a request of the old instance ends late
+    new.ttft.observe(0.5)
+    s = _samples(tmp_path)
+    key = (("instance", "i1"), ("role", "union"))
+    assert s[("t_instance_ttft_count", key)] == 4
+    assert s[("t_instance_ttft_bucket", (("instance", "i1"), ("le", "0.1"), ("role", "union")))] == 3
