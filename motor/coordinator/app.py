@@ -121,8 +121,6 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
             coord.ready_source = link.synced
         coord.workers = load
         tasks.append(asyncio.ensure_future(link.run()))
-        publisher = asyncio.ensure_future(_publish_ready(coord))
-        tasks.append(publisher)
         await link.synced.wait()   # the feed's snapshot, before the first request
         logger.info("coordinator worker %d synced with the feed (%d slot(s))", worker_index,
                     len(link.slots))
@@ -138,8 +136,11 @@ async def serve(cfg: ClusterConfig, backends: list[str] | None = None,
         tune(c.gc)      # before it listens: its one full collection delays no request
     port = await server.listen(c.host, c.port, reuse_port=reuse_port, tls=server_tls)
     coord.listening = True
-    if publisher is not None:
-        coord.publish_ready()   # its row counts from now on, not a publish period later
+    if coord.workers is not None:
+        # its row counts from its first publish, at once (before it listens the row is
+        # the supervisor's)
+        publisher = asyncio.ensure_future(_publish_ready(coord))
+        tasks.append(publisher)
     mode = f"standalone, {len(backends)} backend(s)" if backends else \
         f"following controller {controller_url or ', '.join(cfg.controller.urls)}"
     logger.info("coordinator worker %d listening on %s://%s:%d (%s, mode=%s, policy=%s)",

@@ -185,7 +185,8 @@ class MpHistogram:
     :meth:`labels` gives them, observe from C (:class:`motor._fast.metricvalue.MmapBuckets`:
     the same values written to the same files as the library's ``observe``, without its
     Python loop over the bounds) when the compiled values are installed; the library's
-    child otherwise."""
+    child otherwise. No ``remove``: a multiprocess series is never dropped
+    (:func:`forget_instance`)."""
 
     def __init__(self, hist: Histogram) -> None:
         self.hist = hist
@@ -198,10 +199,6 @@ class MpHistogram:
             return _MmapBuckets(child)
         except TypeError:       # the library's own values (mpvalues not compiled)
             return child
-
-    def remove(self, *values: str) -> None:
-        """Drop the child of ``values`` (the library's ``remove``)."""
-        self.hist.remove(*values)
 
 
 def _histogram(name: str, documentation: str, labelnames: list[str],

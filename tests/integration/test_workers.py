@@ -33,7 +33,9 @@ def requests_total(port: int) -> float:
                if ln.startswith("motor_coordinator_requests_total{") and 'route="completions"' in ln)
 
 
-def test_two_workers_share_the_port_and_survive_kill9(tmp_path):
+def two_workers(tmp_path) -> tuple[int, list]:
+    """A sim and ``motor coordinator --workers 2`` in front of it, both ready: (the
+    coordinator's port, the processes: sim, supervisor)."""
     sim, gw = free_ports(2)
     procs = [spawn(["sim", "--port", str(sim), "--time-scale", "0"], str(tmp_path / "sim.log")),
              spawn(["coordinator", "--port", str(gw), "--workers", "2", "--backend",
@@ -41,6 +43,16 @@ def test_two_workers_share_the_port_and_survive_kill9(tmp_path):
     try:
         wait_http(f"http://127.0.0.1:{sim}/health")
         wait_http(f"http://127.0.0.1:{gw}/readiness")
+    except BaseException:
+        for p in procs:
+            stop(p)
+        raise
+    return gw, procs
+
+
+def test_two_workers_share_the_port_and_survive_kill9(tmp_path):
+    gw, procs = two_workers(tmp_path)
+    try:
         # ready means every worker is: whichever answers, both rows are ready
         with urllib.request.urlopen(f"http://127.0.0.1:{gw}/readiness", timeout=5) as r:
             ready = json.loads(r.read())
@@ -97,13 +109,8 @@ def test_two_workers_share_the_port_and_survive_kill9(tmp_path):
 def test_sighup_without_tls_or_keys_keeps_every_worker(tmp_path):
     """SIGHUP (reload) to the supervisor of 2 workers with nothing to reload: the workers
     it forwards it to keep running and serving (its default action ended them)."""
-    sim, gw = free_ports(2)
-    procs = [spawn(["sim", "--port", str(sim), "--time-scale", "0"], str(tmp_path / "sim.log")),
-             spawn(["coordinator", "--port", str(gw), "--workers", "2", "--backend",
-                    f"http://127.0.0.1:{sim}"], str(tmp_path / "coord.log"))]
+    gw, procs = two_workers(tmp_path)
     try:
-        wait_http(f"http://127.0.0.1:{sim}/health")
-        wait_http(f"http://127.0.0.1:{gw}/readiness")
         assert post(gw) == 200
         os.kill(procs[1].pid, signal.SIGHUP)
         time.sleep(1.0)             # the supervisor polls its workers every 50 ms
